@@ -1,0 +1,187 @@
+/*
+ * events.c - cross-stream reuse: record_stream uses, end-of-life events and
+ * their per-stream queues, and the pool of reusable event handles.
+ *
+ * A block used on other streams (record_stream) is not reusable when it is
+ * freed: one event is recorded on each of those streams, and the block
+ * returns to its pool only when all of them have completed. Queues are per
+ * stream and FIFO, so one slow stream does not hold up the others; polling
+ * stops at a stream's first incomplete event, as work on a stream completes
+ * in order. Event handles come from the backend, created once and reused.
+ * Everything here runs under the allocator lock.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc_internal.h"
+
+int gm_record_use_unlocked(gm_alloc_t *a, gm_block_t *b, uintptr_t stream) {
+    (void)a;
+    for (uint32_t i = 0; i < b->n_uses; i++)
+        if (b->uses[i] == stream)
+            return GM_OK;
+    if (b->n_uses == b->cap_uses) {
+        uint32_t cap = b->cap_uses * 2;
+        uintptr_t *u = malloc(cap * sizeof *u);
+        if (!u)
+            return GM_ENOMEM;
+        memcpy(u, b->uses, b->n_uses * sizeof *u);
+        if (b->uses != b->uses_inline)
+            free(b->uses);
+        b->uses = u;
+        b->cap_uses = cap;
+    }
+    b->uses[b->n_uses++] = stream;
+    return GM_OK;
+}
+
+static gm_event_queue_t *queue_for(gm_alloc_t *a, uintptr_t stream) {
+    for (size_t i = 0; i < a->n_queues; i++)
+        if (a->queues[i].stream == stream)
+            return &a->queues[i];
+    if (a->n_queues == a->cap_queues) {
+        size_t cap = a->cap_queues ? a->cap_queues * 2 : 4;
+        gm_event_queue_t *q = realloc(a->queues, cap * sizeof *q);
+        if (!q)
+            return NULL;
+        a->queues = q;
+        a->cap_queues = cap;
+    }
+    gm_event_queue_t *q = &a->queues[a->n_queues++];
+    memset(q, 0, sizeof *q);
+    q->stream = stream;
+    return q;
+}
+
+static int queue_push(gm_event_queue_t *q, uintptr_t event, gm_block_t *b) {
+    if (q->len == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 8;
+        gm_event_item_t *items = malloc(cap * sizeof *items);
+        if (!items)
+            return GM_ENOMEM;
+        for (size_t i = 0; i < q->len; i++)
+            items[i] = q->items[(q->head + i) % q->cap];
+        free(q->items);
+        q->items = items;
+        q->cap = cap;
+        q->head = 0;
+    }
+    q->items[(q->head + q->len) % q->cap].event = event;
+    q->items[(q->head + q->len) % q->cap].block = b;
+    q->len++;
+    return GM_OK;
+}
+
+static int event_get(gm_alloc_t *a, uintptr_t *ev) {
+    if (a->n_event_pool) {
+        *ev = a->event_pool[--a->n_event_pool];
+        return GM_OK;
+    }
+    return a->be->event_create(a->be->ctx, a->device, ev);
+}
+
+static void event_put(gm_alloc_t *a, uintptr_t ev) {
+    if (a->n_event_pool == a->cap_event_pool) {
+        size_t cap = a->cap_event_pool ? a->cap_event_pool * 2 : 16;
+        uintptr_t *p = realloc(a->event_pool, cap * sizeof *p);
+        if (!p) {
+            a->be->event_destroy(a->be->ctx, a->device, ev);
+            return;
+        }
+        a->event_pool = p;
+        a->cap_event_pool = cap;
+    }
+    a->event_pool[a->n_event_pool++] = ev;
+}
+
+/* Move the block's stream uses into recorded events. On a backend error the
+ * streams not yet covered are dropped after the error is returned; the
+ * caller frees the block if no event was recorded. */
+int gm_insert_events_unlocked(gm_alloc_t *a, gm_block_t *b) {
+    int rc = GM_OK;
+    for (uint32_t i = 0; i < b->n_uses && rc == GM_OK; i++) {
+        uintptr_t ev = 0;
+        gm_event_queue_t *q = queue_for(a, b->uses[i]);
+        if (!q) {
+            rc = GM_ENOMEM;
+            break;
+        }
+        if ((rc = event_get(a, &ev)))
+            break;
+        if ((rc = a->be->event_record(a->be->ctx, a->device, ev, b->uses[i]))) {
+            event_put(a, ev);
+            break;
+        }
+        if ((rc = queue_push(q, ev, b))) {
+            /* Cannot track it: wait for it now instead. */
+            a->be->event_synchronize(a->be->ctx, a->device, ev);
+            event_put(a, ev);
+            break;
+        }
+        b->event_count++;
+    }
+    b->n_uses = 0;
+    return rc;
+}
+
+static void event_done(gm_alloc_t *a, gm_event_item_t *it, uint32_t ctx) {
+    event_put(a, it->event);
+    gm_block_t *b = it->block;
+    if (--b->event_count == 0)
+        gm_free_block_unlocked(a, b, ctx);
+}
+
+int gm_process_events_unlocked(gm_alloc_t *a, uint32_t ctx) {
+    for (size_t i = 0; i < a->n_queues; i++) {
+        gm_event_queue_t *q = &a->queues[i];
+        while (q->len) {
+            gm_event_item_t it = q->items[q->head];
+            int rc = a->be->event_query(a->be->ctx, a->device, it.event);
+            if (rc == GM_ENOTREADY)
+                break;
+            if (rc)
+                return rc;
+            q->head = (q->head + 1) % q->cap;
+            q->len--;
+            event_done(a, &it, ctx);
+        }
+    }
+    return GM_OK;
+}
+
+int gm_sync_all_events_unlocked(gm_alloc_t *a, uint32_t ctx) {
+    a->stats.num_sync_all_streams++;
+    for (size_t i = 0; i < a->n_queues; i++) {
+        gm_event_queue_t *q = &a->queues[i];
+        while (q->len) {
+            gm_event_item_t it = q->items[q->head];
+            int rc = a->be->event_synchronize(a->be->ctx, a->device, it.event);
+            if (rc)
+                return rc;
+            q->head = (q->head + 1) % q->cap;
+            q->len--;
+            event_done(a, &it, ctx);
+        }
+    }
+    return GM_OK;
+}
+
+void gm_events_destroy_unlocked(gm_alloc_t *a) {
+    for (size_t i = 0; i < a->n_queues; i++) {
+        gm_event_queue_t *q = &a->queues[i];
+        for (size_t k = 0; k < q->len; k++) {
+            gm_event_item_t *it = &q->items[(q->head + k) % q->cap];
+            a->be->event_destroy(a->be->ctx, a->device, it->event);
+            it->block->event_count--;
+        }
+        free(q->items);
+    }
+    free(a->queues);
+    a->queues = NULL;
+    a->n_queues = a->cap_queues = 0;
+    for (size_t i = 0; i < a->n_event_pool; i++)
+        a->be->event_destroy(a->be->ctx, a->device, a->event_pool[i]);
+    free(a->event_pool);
+    a->event_pool = NULL;
+    a->n_event_pool = a->cap_event_pool = 0;
+}

@@ -1,0 +1,289 @@
+/*
+ * expandable.c - expandable segments: one reserved virtual range per
+ * (stream, pool), backed by physical granules mapped on demand.
+ *
+ * Note [Expandable segments]
+ * Rationale: with plain segments, a request slightly larger than every free
+ *   hole needs a new segment, and the slivers left at segment ends strand
+ *   memory. If each stream owns one large virtual range, new memory is
+ *   appended right after the free space at the end and blocks tile into it.
+ * Approach: the range covers 9/8 of the device's memory, so pages freed in
+ *   the middle can be mapped again at the end. Free address space without
+ *   physical memory is an `unmapped` block. To grow, the lowest-addressed
+ *   run of free + unmapped blocks that is large enough is mapped (only the
+ *   granules needed) and merged with its free neighbours. empty_cache and
+ *   the out-of-memory path unmap every wholly free granule.
+ * Limitations: gpumem maps at the device's granularity (2 MiB) in both
+ *   pools, where torch maps 20 MiB pages for its large pool: finer pages
+ *   mean more map calls but less memory held in partly used pages. Free
+ *   blocks smaller than a granule stay mapped. Segment counts
+ *   (segment.*) exclude expandable segments, as in torch; their memory is
+ *   in reserved_bytes.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc_internal.h"
+
+static gm_block_t *find_expandable_block(gm_alloc_t *a, uintptr_t stream, gm_pool_t *pool,
+                                         size_t size, int *rc) {
+    gm_block_t key;
+    key.stream = stream;
+    key.ptr = 0;
+    for (gm_tree_node_t *n = gm_tree_lower_bound(&pool->unmapped, &key.node); n;
+         n = gm_tree_next(n)) {
+        gm_block_t *c = (gm_block_t *)(void *)n;
+        if (c->stream != stream)
+            break;
+        /* A free block right before the unmapped range counts too. */
+        if (c->prev && gm_block_is_free(c->prev))
+            c = c->prev;
+        size_t bytes = 0;
+        for (gm_block_t *b = c; b && bytes < size && gm_block_is_free(b); b = b->next)
+            bytes += b->size;
+        if (bytes >= size)
+            return c;
+    }
+    size_t dev_free = 0, dev_total = 0;
+    if ((*rc = a->be->mem_get_info(a->be->ctx, a->device, &dev_free, &dev_total)))
+        return NULL;
+    size_t g = a->granularity;
+    size_t va_size = (dev_total + dev_total / 8 + g - 1) / g * g;
+    if (va_size < size)
+        va_size = (size + g - 1) / g * g;
+    gm_expseg_t *es = calloc(1, sizeof *es);
+    if (!es) {
+        *rc = GM_ENOMEM;
+        return NULL;
+    }
+    es->n_granules = va_size / g;
+    es->mapped = calloc(es->n_granules, 1);
+    gm_block_t *c = gm_block_new_unlocked(a, 0, va_size, stream, pool);
+    if (!es->mapped || !c) {
+        free(es->mapped);
+        free(es);
+        if (c)
+            gm_block_delete_unlocked(a, c);
+        *rc = GM_ENOMEM;
+        return NULL;
+    }
+    if ((*rc = a->be->va_reserve(a->be->ctx, a->device, va_size, g, &es->va))) {
+        free(es->mapped);
+        free(es);
+        gm_block_delete_unlocked(a, c);
+        return NULL;
+    }
+    es->va_size = va_size;
+    es->granule = g;
+    es->stream = stream;
+    es->pool = pool;
+    es->next_seg = a->expsegs;
+    a->expsegs = es;
+    c->ptr = es->va;
+    c->mapped = 0;
+    c->expseg = es;
+    gm_unmapped_insert_unlocked(pool, c);
+    return c;
+}
+
+/* Map the granules covering [to_map->ptr, +size). 1, 0 (OOM) or <0. */
+static int map_block(gm_alloc_t *a, gm_block_t *to_map, size_t size, uint32_t ctx) {
+    gm_expseg_t *es = to_map->expseg;
+    size_t g = es->granule;
+    size_t begin = (to_map->ptr - es->va) / g;
+    size_t end = (to_map->ptr + size - es->va + g - 1) / g;
+    uintptr_t range = es->va + begin * g;
+    size_t mapped = (end - begin) * g;
+    int rc = a->be->map(a->be->ctx, a->device, range, mapped);
+    if (rc == GM_EOOM)
+        return 0;
+    if (rc)
+        return rc;
+    memset(es->mapped + begin, 1, end - begin);
+
+    gm_pool_t *pool = to_map->pool;
+    gm_unmapped_erase_unlocked(pool, to_map);
+    to_map->mapped = 1;
+    if (mapped < to_map->size) {
+        gm_block_t *rem = gm_block_new_unlocked(a, to_map->ptr + mapped, to_map->size - mapped,
+                                                to_map->stream, pool);
+        if (!rem) {
+            a->be->unmap(a->be->ctx, a->device, range, mapped);
+            memset(es->mapped + begin, 0, end - begin);
+            to_map->mapped = 0;
+            gm_unmapped_insert_unlocked(pool, to_map);
+            return GM_ENOMEM;
+        }
+        rem->mapped = 0;
+        rem->expseg = es;
+        rem->prev = to_map;
+        rem->next = to_map->next;
+        if (rem->next)
+            rem->next->prev = rem;
+        to_map->next = rem;
+        to_map->size = mapped;
+        gm_unmapped_insert_unlocked(pool, rem);
+    }
+    gm_try_merge_unlocked(a, to_map, to_map->prev);
+    gm_try_merge_unlocked(a, to_map, to_map->next);
+    gm_pool_insert_unlocked(pool, to_map);
+
+    a->total_allocated_memory += mapped;
+    int t = gm_pool_type(pool);
+    gm_stat_inc(&a->stats.reserved_bytes[GM_STAT_ALL], (int64_t)mapped);
+    gm_stat_inc(&a->stats.reserved_bytes[t], (int64_t)mapped);
+    a->stats.num_device_alloc++;
+    gm_trace_unlocked(a, GM_ACT_SEGMENT_MAP, range, mapped, to_map->stream, ctx);
+    if (!to_map->prev && !to_map->seg_ctx)
+        to_map->seg_ctx = ctx;
+    return 1;
+}
+
+int gm_expandable_alloc_unlocked(gm_alloc_t *a, uintptr_t stream, gm_pool_t *pool, size_t size,
+                                 uint32_t ctx, gm_block_t **out) {
+    int rc = GM_OK;
+    gm_block_t *c = find_expandable_block(a, stream, pool, size, &rc);
+    if (!c)
+        return rc == GM_EOOM ? 0 : rc;
+    /* c is: unmapped -> ..., or free -> unmapped -> ... */
+    if (!c->mapped) {
+        rc = map_block(a, c, c->size < size ? c->size : size, ctx);
+        if (rc <= 0)
+            return rc;
+    }
+    while (c->size < size) {
+        gm_block_t *nc = c->next;
+        size_t remaining = size - c->size;
+        rc = map_block(a, nc, remaining < nc->size ? remaining : nc->size, ctx);
+        if (rc <= 0)
+            return rc;
+        c = nc; /* map_block merged c into nc */
+    }
+    gm_pool_erase_unlocked(pool, c);
+    *out = c;
+    return 1;
+}
+
+static gm_block_t *new_free_piece(gm_alloc_t *a, gm_block_t *b, uintptr_t ptr, size_t size) {
+    gm_block_t *f = gm_block_new_unlocked(a, ptr, size, b->stream, b->pool);
+    if (f)
+        f->expseg = b->expseg;
+    return f;
+}
+
+int gm_unmap_block_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
+    gm_expseg_t *es = b->expseg;
+    size_t g = es->granule;
+    size_t begin = (b->ptr - es->va + g - 1) / g;
+    size_t end = (b->ptr + b->size - es->va) / g;
+    if (begin >= end)
+        return GM_OK;
+    uintptr_t range = es->va + begin * g;
+    size_t size = (end - begin) * g;
+    size_t before = range - b->ptr, after = b->size - before - size;
+    gm_block_t *bf = NULL, *af = NULL;
+    if ((before && !(bf = new_free_piece(a, b, b->ptr, before))) ||
+        (after && !(af = new_free_piece(a, b, range + size, after)))) {
+        if (bf)
+            gm_block_delete_unlocked(a, bf);
+        return GM_ENOMEM;
+    }
+    /* Unmapping does not wait for the GPU: finish the stream's work first. */
+    int rc = GM_OK;
+    if (a->be->stream_synchronize)
+        rc = a->be->stream_synchronize(a->be->ctx, a->device, b->stream);
+    if (rc == GM_OK)
+        rc = a->be->unmap(a->be->ctx, a->device, range, size);
+    if (rc) {
+        if (bf)
+            gm_block_delete_unlocked(a, bf);
+        if (af)
+            gm_block_delete_unlocked(a, af);
+        return rc;
+    }
+    memset(es->mapped + begin, 0, end - begin);
+    gm_pool_t *pool = b->pool;
+    gm_pool_erase_unlocked(pool, b);
+    if (bf) {
+        bf->prev = b->prev;
+        if (bf->prev)
+            bf->prev->next = bf;
+        else {
+            bf->seg_ctx = b->seg_ctx;
+            b->seg_ctx = 0;
+        }
+        bf->next = b;
+        b->prev = bf;
+        gm_pool_insert_unlocked(pool, bf);
+    }
+    if (af) {
+        af->next = b->next;
+        if (af->next)
+            af->next->prev = af;
+        af->prev = b;
+        b->next = af;
+        gm_pool_insert_unlocked(pool, af);
+    }
+    b->ptr = range;
+    b->size = size;
+    b->mapped = 0;
+    gm_try_merge_unlocked(a, b, b->prev);
+    gm_try_merge_unlocked(a, b, b->next);
+    gm_unmapped_insert_unlocked(pool, b);
+
+    a->total_allocated_memory -= size;
+    int t = gm_pool_type(pool);
+    gm_stat_dec(&a->stats.reserved_bytes[GM_STAT_ALL], (int64_t)size);
+    gm_stat_dec(&a->stats.reserved_bytes[t], (int64_t)size);
+    a->stats.num_device_free++;
+    gm_trace_unlocked(a, GM_ACT_SEGMENT_UNMAP, range, size, b->stream, ctx ? ctx : b->seg_ctx);
+    return GM_OK;
+}
+
+static void unlink_expseg(gm_alloc_t *a, gm_expseg_t *es) {
+    for (gm_expseg_t **p = &a->expsegs; *p; p = &(*p)->next_seg)
+        if (*p == es) {
+            *p = es->next_seg;
+            return;
+        }
+}
+
+int gm_release_expseg_unlocked(gm_alloc_t *a, gm_block_t *b) {
+    gm_expseg_t *es = b->expseg;
+    int rc = a->be->va_free(a->be->ctx, a->device, es->va, es->va_size);
+    if (rc)
+        return rc;
+    gm_unmapped_erase_unlocked(b->pool, b);
+    gm_block_delete_unlocked(a, b);
+    unlink_expseg(a, es);
+    free(es->mapped);
+    free(es);
+    return GM_OK;
+}
+
+/* Teardown: drop every block left in the trees, then unmap and free every
+ * range still held. Only gm_alloc_destroy calls this. */
+void gm_expandable_destroy_unlocked(gm_alloc_t *a) {
+    gm_pool_t *pools[2] = {&a->small_pool, &a->large_pool};
+    for (int i = 0; i < 2; i++) {
+        gm_tree_node_t *n;
+        while ((n = gm_tree_first(&pools[i]->blocks))) {
+            gm_pool_erase_unlocked(pools[i], (gm_block_t *)(void *)n);
+            gm_block_delete_unlocked(a, (gm_block_t *)(void *)n);
+        }
+        while ((n = gm_tree_first(&pools[i]->unmapped))) {
+            gm_unmapped_erase_unlocked(pools[i], (gm_block_t *)(void *)n);
+            gm_block_delete_unlocked(a, (gm_block_t *)(void *)n);
+        }
+    }
+    while (a->expsegs) {
+        gm_expseg_t *es = a->expsegs;
+        a->expsegs = es->next_seg;
+        for (size_t k = 0; k < es->n_granules; k++)
+            if (es->mapped[k])
+                a->be->unmap(a->be->ctx, a->device, es->va + k * es->granule, es->granule);
+        a->be->va_free(a->be->ctx, a->device, es->va, es->va_size);
+        free(es->mapped);
+        free(es);
+    }
+}

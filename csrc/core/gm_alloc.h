@@ -1,0 +1,191 @@
+/*
+ * gm_alloc.h - public interface of the caching allocator core (one device).
+ *
+ * The core follows PyTorch's CUDACachingAllocator policy: 512 B rounding,
+ * a small pool (<= 1 MiB requests, 2 MiB segments) and a large pool
+ * (20 MiB segments below 10 MiB, else rounded to 2 MiB), best fit with
+ * splitting, coalescing on free, per-stream free lists, cross-stream reuse
+ * deferred by events, free-cache-and-retry on OOM, and expandable segments.
+ *
+ * Pure C11: no CUDA or Python headers. It talks to a device only through
+ * gm_backend_t. Every function is thread-safe (one allocator lock per
+ * gm_alloc_t); none takes the GIL. Context ids (uint32_t) are opaque tags
+ * supplied by callers (interned tracebacks); 0 means "no context".
+ */
+#ifndef GM_CORE_ALLOC_H
+#define GM_CORE_ALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../device/backend.h"
+#include "gm_errors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GM_MIN_BLOCK_SIZE ((size_t)512)
+#define GM_SMALL_SIZE ((size_t)1 << 20)       /* largest small request: 1 MiB */
+#define GM_SMALL_BUFFER ((size_t)2 << 20)     /* small segment: 2 MiB */
+#define GM_MIN_LARGE_ALLOC ((size_t)10 << 20) /* below this, 20 MiB segments */
+#define GM_LARGE_BUFFER ((size_t)20 << 20)
+#define GM_ROUND_LARGE ((size_t)2 << 20)
+#define GM_ROUNDUP_INTERVALS 16 /* 1 MiB, 2 MiB, ... 32 GiB and above */
+
+typedef struct gm_settings {
+    int expandable_segments;             /* 0/1 */
+    size_t max_split_size;               /* SIZE_MAX = unlimited (default) */
+    double garbage_collection_threshold; /* 0 = off; (0, 1) otherwise */
+    /* divisions per power-of-two interval starting at 1 MiB; 0/1 = off */
+    uint32_t roundup_power2_divisions[GM_ROUNDUP_INTERVALS];
+} gm_settings_t;
+
+void gm_settings_default(gm_settings_t *s);
+/* 0 if valid, GM_EINVAL otherwise (msg says why). */
+int gm_settings_validate(const gm_settings_t *s, char *msg, size_t msglen);
+
+/* Stat types, in PyTorch's order. */
+enum { GM_STAT_ALL = 0, GM_STAT_SMALL = 1, GM_STAT_LARGE = 2, GM_STAT_NTYPES = 3 };
+
+typedef struct gm_stat {
+    int64_t current, peak, allocated, freed;
+} gm_stat_t;
+
+typedef struct gm_stats {
+    gm_stat_t allocation[GM_STAT_NTYPES];
+    gm_stat_t segment[GM_STAT_NTYPES];
+    gm_stat_t active[GM_STAT_NTYPES];
+    gm_stat_t inactive_split[GM_STAT_NTYPES];
+    gm_stat_t allocated_bytes[GM_STAT_NTYPES];
+    gm_stat_t reserved_bytes[GM_STAT_NTYPES];
+    gm_stat_t active_bytes[GM_STAT_NTYPES];
+    gm_stat_t inactive_split_bytes[GM_STAT_NTYPES];
+    gm_stat_t requested_bytes[GM_STAT_NTYPES];
+    gm_stat_t oversize_allocations;
+    gm_stat_t oversize_segments;
+    int64_t num_alloc_retries;
+    int64_t num_ooms;
+    int64_t num_sync_all_streams;
+    int64_t num_device_alloc;
+    int64_t num_device_free;
+    int64_t max_split_size; /* -1 when unlimited */
+} gm_stats_t;
+
+/* Filled in when gm_alloc_malloc returns GM_EOOM. */
+typedef struct gm_oom_info {
+    size_t requested;        /* the caller's size */
+    size_t rounded;          /* after rounding */
+    size_t alloc_size;       /* the segment size that was refused */
+    size_t device_total;
+    size_t device_free;
+    size_t allocated;        /* allocated_bytes.all.current */
+    size_t reserved;         /* reserved_bytes.all.current */
+    size_t reserved_unallocated;
+    size_t allowed;          /* the memory limit, 0 when none */
+    int limit_hit;           /* refused by the limit, not the device */
+} gm_oom_info_t;
+
+/* Trace actions, in PyTorch's TraceEntry order. */
+typedef enum gm_action {
+    GM_ACT_ALLOC = 0,
+    GM_ACT_FREE_REQUESTED,
+    GM_ACT_FREE_COMPLETED,
+    GM_ACT_SEGMENT_ALLOC,
+    GM_ACT_SEGMENT_FREE,
+    GM_ACT_SEGMENT_MAP,
+    GM_ACT_SEGMENT_UNMAP,
+    GM_ACT_SNAPSHOT,
+    GM_ACT_OOM,
+    GM_ACT_COUNT
+} gm_action_t;
+
+const char *gm_action_name(int action);
+
+/* Called with the allocator lock held, for every event. addr is the device
+ * free byte count for GM_ACT_OOM. The hook must not call back into the
+ * allocator or take the GIL. */
+typedef void (*gm_trace_fn)(void *arg, int device, gm_action_t action, uintptr_t addr,
+                            size_t size, uintptr_t stream, uint32_t ctx);
+
+typedef struct gm_alloc gm_alloc_t;
+
+int gm_alloc_create(const gm_backend_t *backend, int device, const gm_settings_t *settings,
+                    gm_alloc_t **out);
+/* Returns every segment to the backend and frees the allocator. Live
+ * allocations are released too (their pointers become invalid). */
+void gm_alloc_destroy(gm_alloc_t *a);
+
+int gm_alloc_device(const gm_alloc_t *a);
+
+int gm_alloc_malloc(gm_alloc_t *a, size_t size, uintptr_t stream, uint32_t ctx,
+                    uintptr_t *out_ptr, gm_oom_info_t *oom /* may be NULL */);
+int gm_alloc_free(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx);
+/* Size of the live block holding ptr (exact start address). */
+int gm_alloc_block_size(gm_alloc_t *a, uintptr_t ptr, size_t *size, size_t *requested,
+                        uintptr_t *stream);
+int gm_alloc_record_stream(gm_alloc_t *a, uintptr_t ptr, uintptr_t stream);
+/* Poll outstanding events (also done at the start of every malloc). */
+int gm_alloc_process_events(gm_alloc_t *a, uint32_t ctx);
+/* Wait for all events, then return every wholly free segment (and every
+ * wholly free granule of expandable segments) to the device. */
+int gm_alloc_empty_cache(gm_alloc_t *a, uint32_t ctx);
+
+/* Limit like set_per_process_memory_fraction: fraction of device total. */
+int gm_alloc_set_memory_fraction(gm_alloc_t *a, double fraction);
+/* Limit in bytes; 0 removes the limit. */
+int gm_alloc_set_memory_limit(gm_alloc_t *a, size_t bytes);
+size_t gm_alloc_memory_limit(gm_alloc_t *a); /* 0 = none */
+
+int gm_alloc_set_settings(gm_alloc_t *a, const gm_settings_t *settings);
+void gm_alloc_get_settings(gm_alloc_t *a, gm_settings_t *out);
+/* 1 if expandable segments are in use (the backend supports VMM). */
+int gm_alloc_expandable_active(gm_alloc_t *a);
+
+void gm_alloc_get_stats(gm_alloc_t *a, gm_stats_t *out);
+void gm_alloc_reset_peak_stats(gm_alloc_t *a);
+void gm_alloc_reset_accumulated_stats(gm_alloc_t *a);
+
+void gm_alloc_set_trace_hook(gm_alloc_t *a, gm_trace_fn fn, void *arg);
+
+/* ---- walking state (for snapshots) ---- */
+enum { GM_BLOCK_INACTIVE = 0, GM_BLOCK_ACTIVE_ALLOCATED = 1, GM_BLOCK_ACTIVE_PENDING_FREE = 2 };
+
+typedef struct gm_block_info {
+    uintptr_t address;
+    size_t size;
+    size_t requested_size;
+    int state; /* GM_BLOCK_* */
+    uint32_t ctx;
+} gm_block_info_t;
+
+typedef struct gm_segment_info {
+    uintptr_t address;
+    size_t total_size, allocated_size, active_size, requested_size;
+    uintptr_t stream;
+    int is_small;
+    int is_expandable;
+    uint32_t ctx; /* context of the malloc that created the segment */
+    size_t nblocks;
+    const gm_block_info_t *blocks; /* valid only during the callback */
+} gm_segment_info_t;
+
+/* Calls fn once per segment (per contiguous mapped range for expandable
+ * segments), in address order. Stops early if fn returns non-zero and
+ * returns that value. Runs under the allocator lock: fn must not call
+ * into the allocator. */
+typedef int (*gm_segment_fn)(void *arg, const gm_segment_info_t *seg);
+int gm_alloc_walk(gm_alloc_t *a, gm_segment_fn fn, void *arg);
+
+/* ---- checking ---- */
+/* Walks every structure and returns the number of violations found (0 when
+ * consistent). The first violation's text goes to msg. */
+int gm_alloc_check(gm_alloc_t *a, char *msg, size_t msglen);
+
+/* Formats a byte count like c10's format_size ("20.00 MiB"). */
+void gm_format_size(size_t bytes, char *buf, size_t buflen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_CORE_ALLOC_H */

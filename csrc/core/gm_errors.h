@@ -1,0 +1,32 @@
+/*
+ * gm_errors.h - error codes shared by core/ and device/.
+ *
+ * 0 is success; every failure is a negative GM_E* code. Only the Python
+ * layer turns these into exceptions. gm_strerror never returns NULL.
+ */
+#ifndef GM_CORE_ERRORS_H
+#define GM_CORE_ERRORS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    GM_OK = 0,
+    GM_EOOM = -1,        /* out of memory: device refused, or the limit was hit */
+    GM_EINVAL = -2,      /* bad argument */
+    GM_ENOTFOUND = -3,   /* pointer not allocated by this allocator */
+    GM_EDOUBLEFREE = -4, /* pointer was already freed */
+    GM_ENOTREADY = -5,   /* event not complete yet (normal answer) */
+    GM_ENOTSUP = -6,     /* operation not supported by this backend */
+    GM_EDEVICE = -7,     /* any other device/driver error; see last_error() */
+    GM_ENOMEM = -8,      /* host memory for bookkeeping ran out */
+    GM_ESTATE = -9       /* operation not valid in the current state */
+};
+
+const char *gm_strerror(int code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_CORE_ERRORS_H */

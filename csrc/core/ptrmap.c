@@ -1,0 +1,114 @@
+/*
+ * ptrmap.c - address -> pointer hash map (see ptrmap.h).
+ *
+ * Load factor is kept at or below 1/2. Addresses are 512-byte aligned in
+ * practice, so the hash multiplies by a 64-bit odd constant and takes the
+ * high bits, which spreads aligned keys well.
+ */
+#include "ptrmap.h"
+
+#include <stdlib.h>
+
+#include "gm_errors.h"
+
+static inline size_t slot_of(const gm_ptrmap_t *m, uintptr_t key) {
+    uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 29) & m->mask;
+}
+
+int gm_ptrmap_init(gm_ptrmap_t *m, size_t initial_capacity) {
+    size_t cap = 16;
+    while (cap < initial_capacity * 2)
+        cap <<= 1;
+    m->slots = calloc(cap, sizeof(*m->slots));
+    if (!m->slots)
+        return GM_ENOMEM;
+    m->mask = cap - 1;
+    m->count = 0;
+    return GM_OK;
+}
+
+void gm_ptrmap_free(gm_ptrmap_t *m) {
+    free(m->slots);
+    m->slots = NULL;
+    m->mask = 0;
+    m->count = 0;
+}
+
+static int grow(gm_ptrmap_t *m) {
+    size_t old_cap = m->mask + 1, cap = old_cap * 2;
+    gm_ptrmap_slot_t *old = m->slots, *slots = calloc(cap, sizeof(*slots));
+    if (!slots)
+        return GM_ENOMEM;
+    m->slots = slots;
+    m->mask = cap - 1;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (!old[i].key)
+            continue;
+        size_t j = slot_of(m, old[i].key);
+        while (slots[j].key)
+            j = (j + 1) & m->mask;
+        slots[j] = old[i];
+    }
+    free(old);
+    return GM_OK;
+}
+
+int gm_ptrmap_put(gm_ptrmap_t *m, uintptr_t key, uintptr_t value) {
+    if ((m->count + 1) * 2 > m->mask + 1) {
+        int rc = grow(m);
+        if (rc)
+            return rc;
+    }
+    size_t i = slot_of(m, key);
+    while (m->slots[i].key && m->slots[i].key != key)
+        i = (i + 1) & m->mask;
+    if (!m->slots[i].key)
+        m->count++;
+    m->slots[i].key = key;
+    m->slots[i].value = value;
+    return GM_OK;
+}
+
+int gm_ptrmap_get(const gm_ptrmap_t *m, uintptr_t key, uintptr_t *value) {
+    size_t i = slot_of(m, key);
+    for (;;) {
+        uintptr_t k = m->slots[i].key;
+        if (k == key) {
+            *value = m->slots[i].value;
+            return 1;
+        }
+        if (!k)
+            return 0;
+        i = (i + 1) & m->mask;
+    }
+}
+
+int gm_ptrmap_del(gm_ptrmap_t *m, uintptr_t key, uintptr_t *value) {
+    size_t i = slot_of(m, key);
+    for (;;) {
+        uintptr_t k = m->slots[i].key;
+        if (!k)
+            return 0;
+        if (k == key)
+            break;
+        i = (i + 1) & m->mask;
+    }
+    if (value)
+        *value = m->slots[i].value;
+    /* Backward-shift: move later entries of the probe run into the hole. */
+    size_t hole = i;
+    for (size_t j = (i + 1) & m->mask; m->slots[j].key; j = (j + 1) & m->mask) {
+        size_t home = slot_of(m, m->slots[j].key);
+        /* Entry j may move to hole if home is not in (hole, j] cyclically. */
+        int movable = (hole <= j) ? (home <= hole || home > j) : (home <= hole && home > j);
+        if (movable) {
+            m->slots[hole] = m->slots[j];
+            hole = j;
+        }
+    }
+    m->slots[hole].key = 0;
+    m->slots[hole].value = 0;
+    m->count--;
+    return 1;
+}

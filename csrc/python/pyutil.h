@@ -1,0 +1,32 @@
+/*
+ * pyutil.h - helpers shared by the files of the gpumem._C extension:
+ * error translation, settings conversion and stats/segment dicts.
+ * Only this layer raises Python exceptions; core/ and device/ return codes.
+ */
+#ifndef GM_PYTHON_PYUTIL_H
+#define GM_PYTHON_PYUTIL_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "../core/gm_alloc.h"
+
+/* gpumem._C.OutOfMemoryError, a MemoryError subclass (set at module init). */
+extern PyObject *gm_py_oom_error;
+
+/* Raise the exception for a gm error code; returns NULL. detail may be NULL. */
+PyObject *gm_py_raise(int code, const char *detail);
+/* Raise OutOfMemoryError with torch-style text and attributes; returns NULL. */
+PyObject *gm_py_raise_oom(int device, const gm_oom_info_t *oom);
+/* dict (or None) -> settings; 0 on success, -1 with an exception set. */
+int gm_py_settings_from_obj(PyObject *obj, gm_settings_t *out);
+PyObject *gm_py_settings_to_dict(const gm_settings_t *s);
+/* torch.cuda.memory_stats()-style flat dict. */
+PyObject *gm_py_stats_dict(const gm_stats_t *st);
+/* list of torch snapshot segment dicts for one allocator. */
+PyObject *gm_py_segments(gm_alloc_t *a);
+
+int gm_py_allocator_register(PyObject *module);
+PyObject *gm_py_replay(PyObject *self, PyObject *args, PyObject *kwargs);
+
+#endif /* GM_PYTHON_PYUTIL_H */
