@@ -330,7 +330,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "gpumem._C",
                                        "gpumem's C allocator core and simulated device.", -1,
-                                       methods};
+                                       methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__C(void) {
     PyObject *m = PyModule_Create(&moduledef);
