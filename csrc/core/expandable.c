@@ -11,9 +11,15 @@
  *   the middle can be mapped again at the end. Free address space without
  *   physical memory is an `unmapped` block. To grow, the lowest-addressed
  *   run of free + unmapped blocks that is large enough is mapped (only the
- *   granules needed) and merged with its free neighbours. empty_cache and
- *   the out-of-memory path unmap every wholly free granule.
- * Limitations: gpumem maps at the device's granularity (2 MiB) in both
+ *   granules needed) and merged with its free neighbours. Before growing,
+ *   gpumem first unmaps as many wholly free granules from holes between
+ *   live blocks (largest holes first), so growth reuses physical memory
+ *   that fragmentation left idle instead of adding to it; torch only does
+ *   this on OOM. empty_cache and the out-of-memory path unmap every wholly
+ *   free granule.
+ * Limitations: recycling costs an unmap (and a stream synchronize) while a
+ *   segment is growing; a steady state that does not grow pays nothing.
+ *   gpumem maps at the device's granularity (2 MiB) in both
  *   pools, where torch maps 20 MiB pages for its large pool: finer pages
  *   mean more map calls but less memory held in partly used pages. Free
  *   blocks smaller than a granule stay mapped. Segment counts
@@ -24,6 +30,9 @@
 #include <string.h>
 
 #include "alloc_internal.h"
+
+static int recycle_holes(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_t size,
+                         uint32_t ctx);
 
 static gm_block_t *find_expandable_block(gm_alloc_t *a, uintptr_t stream, gm_pool_t *pool,
                                          size_t size, int *rc) {
@@ -141,7 +150,9 @@ static int map_block(gm_alloc_t *a, gm_block_t *to_map, size_t size, uint32_t ct
 
 int gm_expandable_alloc_unlocked(gm_alloc_t *a, uintptr_t stream, gm_pool_t *pool, size_t size,
                                  uint32_t ctx, gm_block_t **out) {
-    int rc = GM_OK;
+    int rc = recycle_holes(a, pool, stream, size, ctx);
+    if (rc)
+        return rc;
     gm_block_t *c = find_expandable_block(a, stream, pool, size, &rc);
     if (!c)
         return rc == GM_EOOM ? 0 : rc;
@@ -171,13 +182,17 @@ static gm_block_t *new_free_piece(gm_alloc_t *a, gm_block_t *b, uintptr_t ptr, s
     return f;
 }
 
-int gm_unmap_block_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
+/* Unmap the wholly free granules of free block b; with max_granules > 0,
+ * only that many, taken from the block's high end. */
+static int unmap_part(gm_alloc_t *a, gm_block_t *b, size_t max_granules, uint32_t ctx) {
     gm_expseg_t *es = b->expseg;
     size_t g = es->granule;
     size_t begin = (b->ptr - es->va + g - 1) / g;
     size_t end = (b->ptr + b->size - es->va) / g;
     if (begin >= end)
         return GM_OK;
+    if (max_granules && end - begin > max_granules)
+        begin = end - max_granules;
     uintptr_t range = es->va + begin * g;
     size_t size = (end - begin) * g;
     size_t before = range - b->ptr, after = b->size - before - size;
@@ -238,6 +253,57 @@ int gm_unmap_block_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
     a->stats.num_device_free++;
     gm_trace_unlocked(a, GM_ACT_SEGMENT_UNMAP, range, size, b->stream, ctx ? ctx : b->seg_ctx);
     return GM_OK;
+}
+
+int gm_unmap_block_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
+    return unmap_part(a, b, 0, ctx);
+}
+
+static int by_size_desc(const void *x, const void *y) {
+    size_t a = (*(gm_block_t *const *)x)->size, b = (*(gm_block_t *const *)y)->size;
+    return a < b ? 1 : a > b ? -1 : 0;
+}
+
+/* Before mapping new granules for `size` bytes, unmap up to as many wholly
+ * free granules from holes of the same pool and stream, largest holes
+ * first, so the segment grows by reusing physical memory instead of adding
+ * to it. Holes next to unmapped space are left alone: growth would map
+ * them straight back. See Note [Expandable segments]. */
+static int recycle_holes(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_t size,
+                         uint32_t ctx) {
+    size_t g = a->granularity, need = (size + g - 1) / g, n = 0;
+    gm_block_t **cand = NULL;
+    size_t cap = 0;
+    for (gm_tree_node_t *nd = gm_tree_first(&pool->blocks); nd; nd = gm_tree_next(nd)) {
+        gm_block_t *b = (gm_block_t *)(void *)nd;
+        if (!b->expseg || b->stream != stream || (b->prev && !b->prev->mapped) ||
+            (b->next && !b->next->mapped) || b->size < g)
+            continue;
+        size_t lo = (b->ptr - b->expseg->va + g - 1) / g, hi = (b->ptr + b->size - b->expseg->va) / g;
+        if (lo >= hi)
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            gm_block_t **c2 = realloc(cand, cap * sizeof *c2);
+            if (!c2) {
+                free(cand);
+                return GM_ENOMEM;
+            }
+            cand = c2;
+        }
+        cand[n++] = b;
+    }
+    if (n > 1)
+        qsort(cand, n, sizeof *cand, by_size_desc);
+    int rc = GM_OK;
+    for (size_t i = 0; i < n && need > 0 && rc == GM_OK; i++) {
+        size_t before = a->total_allocated_memory;
+        rc = unmap_part(a, cand[i], need, ctx);
+        size_t got = (before - a->total_allocated_memory) / g;
+        need = got >= need ? 0 : need - got;
+    }
+    free(cand);
+    return rc;
 }
 
 static void unlink_expseg(gm_alloc_t *a, gm_expseg_t *es) {
