@@ -324,6 +324,10 @@ static PyMethodDef methods[] = {
     {"replay", (PyCFunction)(void (*)(void))gm_py_replay, METH_VARARGS | METH_KEYWORDS,
      "replay(actions, addrs, sizes, streams, *, capacity, settings=None, granularity=2MiB)\n"
      "Replay alloc (0) / free (1) ops through the core on a virtual simulated device."},
+    {"cuda_open", (PyCFunction)(void (*)(void))gm_py_cuda_open, METH_VARARGS | METH_KEYWORDS,
+     "cuda_open(path=None) -> {'path', 'device_count'}: load the CUDA driver (once)."},
+    {"cuda_last_result", gm_py_cuda_last_result, METH_NOARGS,
+     "CUresult of this thread's last failed driver call."},
     {"format_size", py_format_size, METH_O, "Format a byte count like torch's OOM message."},
     {"default_settings", py_default_settings, METH_NOARGS, "The default allocator settings."},
     {NULL, NULL, 0, NULL}};

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "../core/ptrmap.h"
+#include "../device/cuda_backend.h"
 #include "../device/sim.h"
 #include "pyutil.h"
 
@@ -24,9 +25,33 @@ typedef struct trace_ev {
     uint32_t ctx;
 } trace_ev_t;
 
+/* The process's CUDA driver, opened on first use (protected by: GIL). */
+static gm_cuda_t *g_cuda = NULL;
+static int g_vmm_warned = 0; /* protected by: GIL */
+
+static gm_cuda_t *cuda_get(const char *path) {
+    if (g_cuda) {
+        if (path && path[0] && strcmp(path, gm_cuda_path(g_cuda))) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "the CUDA driver is already loaded from %s; cannot load %s as well",
+                         gm_cuda_path(g_cuda), path);
+            return NULL;
+        }
+        return g_cuda;
+    }
+    char err[768];
+    int rc = gm_cuda_open(path, &g_cuda, err, sizeof err);
+    if (rc) {
+        g_cuda = NULL;
+        PyErr_SetString(PyExc_RuntimeError, err);
+        return NULL;
+    }
+    return g_cuda;
+}
+
 typedef struct {
     PyObject_HEAD
-    gm_sim_t *sim;
+    gm_sim_t *sim; /* NULL on the CUDA backend */
     gm_alloc_t *alloc;
     int device;
     pthread_mutex_t trace_lock;
@@ -74,22 +99,68 @@ static int parse_event_mode(PyObject *obj, int *mode) {
     return 0;
 }
 
+static void trace_hook(void *arg, int device, gm_action_t action, uintptr_t addr, size_t size,
+                       uintptr_t stream, uint32_t ctx);
+
+static int init_cuda(AllocatorObject *self, PyObject *settings, int device, const char *libcuda,
+                     int record_trace) {
+    gm_settings_t s;
+    if (gm_py_settings_from_obj(settings, &s) < 0)
+        return -1;
+    gm_cuda_t *c = cuda_get(libcuda);
+    if (!c)
+        return -1;
+    int n = 0;
+    gm_cuda_device_count(c, &n);
+    if (device < 0 || device >= n) {
+        PyErr_Format(PyExc_ValueError, "device %d does not exist; the driver reports %d device(s)",
+                     device, n);
+        return -1;
+    }
+    int rc = gm_alloc_create(gm_cuda_backend(c), device, &s, &self->alloc);
+    if (rc) {
+        gm_py_raise(rc, gm_cuda_backend(c)->last_error(c));
+        return -1;
+    }
+    self->device = device;
+    pthread_mutex_init(&self->trace_lock, NULL);
+    if (record_trace)
+        gm_alloc_set_trace_hook(self->alloc, trace_hook, self);
+    if (s.expandable_segments && !gm_alloc_expandable_active(self->alloc) && !g_vmm_warned) {
+        g_vmm_warned = 1;
+        if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                             "device %d does not support virtual memory management; "
+                             "expandable_segments falls back to plain segments",
+                             device) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"capacity",   "granularity",   "mode",  "settings",     "device",
-                             "num_devices", "event_mode", "event_after_n", "record_trace", NULL};
+    static char *kwlist[] = {"capacity",      "granularity",  "mode",    "settings",
+                             "device",        "num_devices",  "event_mode", "event_after_n",
+                             "record_trace",  "backend",      "libcuda", NULL};
     unsigned long long capacity = (unsigned long long)80 << 30;
     unsigned long long granularity = (unsigned long long)2 << 20;
     const char *mode = "virtual";
     PyObject *settings = NULL, *event_mode = NULL;
     int device = 0, num_devices = 1, after_n = 0, record_trace = 0;
+    const char *backend = "sim", *libcuda = NULL;
     if (self->alloc) {
         PyErr_SetString(PyExc_RuntimeError, "Allocator is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|KKsOiiOip", kwlist, &capacity, &granularity,
-                                     &mode, &settings, &device, &num_devices, &event_mode,
-                                     &after_n, &record_trace))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|KKsOiiOipsz", kwlist, &capacity,
+                                     &granularity, &mode, &settings, &device, &num_devices,
+                                     &event_mode, &after_n, &record_trace, &backend, &libcuda))
         return -1;
+    if (strcmp(backend, "sim") && strcmp(backend, "cuda")) {
+        PyErr_SetString(PyExc_ValueError, "backend must be 'sim' or 'cuda'");
+        return -1;
+    }
+    if (!strcmp(backend, "cuda"))
+        return init_cuda(self, settings, device, libcuda, record_trace);
     gm_sim_config_t cfg;
     gm_sim_config_default(&cfg);
     cfg.capacity = (size_t)capacity;
@@ -135,7 +206,8 @@ static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwarg
 static void Allocator_dealloc(AllocatorObject *self) {
     if (self->alloc) {
         gm_alloc_destroy(self->alloc);
-        gm_sim_destroy(self->sim);
+        if (self->sim)
+            gm_sim_destroy(self->sim);
         pthread_mutex_destroy(&self->trace_lock);
     }
     free(self->trace);
@@ -146,6 +218,16 @@ static void Allocator_dealloc(AllocatorObject *self) {
     do {                                                                       \
         if (!(self)->alloc) {                                                  \
             PyErr_SetString(PyExc_RuntimeError, "Allocator is not initialised"); \
+            return NULL;                                                       \
+        }                                                                      \
+    } while (0)
+
+#define SIM_ONLY(self)                                                         \
+    do {                                                                       \
+        READY(self);                                                           \
+        if (!(self)->sim) {                                                    \
+            PyErr_SetString(PyExc_RuntimeError,                                \
+                            "this method exists only on the simulated device"); \
             return NULL;                                                       \
         }                                                                      \
     } while (0)
@@ -303,13 +385,18 @@ static PyObject *Allocator_set_settings(AllocatorObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Allocator_backend(AllocatorObject *self, PyObject *unused) {
+    READY(self);
+    return PyUnicode_FromString(self->sim ? "sim" : "cuda");
+}
+
 static PyObject *Allocator_expandable_active(AllocatorObject *self, PyObject *unused) {
     READY(self);
     return PyBool_FromLong(gm_alloc_expandable_active(self->alloc));
 }
 
 static PyObject *Allocator_complete_events(AllocatorObject *self, PyObject *unused) {
-    READY(self);
+    SIM_ONLY(self);
     gm_sim_complete_events(self->sim);
     Py_RETURN_NONE;
 }
@@ -317,7 +404,7 @@ static PyObject *Allocator_complete_events(AllocatorObject *self, PyObject *unus
 static PyObject *Allocator_set_event_mode(AllocatorObject *self, PyObject *args) {
     PyObject *mode_obj;
     int n = 0, mode;
-    READY(self);
+    SIM_ONLY(self);
     if (!PyArg_ParseTuple(args, "O|i", &mode_obj, &n) || parse_event_mode(mode_obj, &mode) < 0)
         return NULL;
     gm_sim_set_event_mode(self->sim, mode, n);
@@ -334,7 +421,7 @@ static PyObject *Allocator_set_failure(AllocatorObject *self, PyObject *args, Py
     long nth = 0;
     int code = GM_EOOM;
     unsigned long long above = 0;
-    READY(self);
+    SIM_ONLY(self);
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|zliK", kwlist, &fn, &nth, &code, &above))
         return NULL;
     int idx = -1;
@@ -348,7 +435,7 @@ static PyObject *Allocator_set_failure(AllocatorObject *self, PyObject *args, Py
 }
 
 static PyObject *Allocator_sim_counters(AllocatorObject *self, PyObject *unused) {
-    READY(self);
+    SIM_ONLY(self);
     gm_sim_counters_t c;
     gm_sim_get_counters(self->sim, self->device, &c);
     PyObject *calls = PyDict_New();
@@ -445,6 +532,7 @@ static PyMethodDef Allocator_methods[] = {
     {"settings", (PyCFunction)Allocator_settings, METH_NOARGS, ""},
     {"set_settings", (PyCFunction)Allocator_set_settings, METH_O, ""},
     {"expandable_active", (PyCFunction)Allocator_expandable_active, METH_NOARGS, ""},
+    {"backend", (PyCFunction)Allocator_backend, METH_NOARGS, "'sim' or 'cuda'"},
     {"complete_events", (PyCFunction)Allocator_complete_events, METH_NOARGS, ""},
     {"set_event_mode", (PyCFunction)Allocator_set_event_mode, METH_VARARGS, ""},
     {"set_failure", (PyCFunction)(void (*)(void))Allocator_set_failure,
@@ -466,6 +554,23 @@ static PyTypeObject AllocatorType = {
     .tp_dealloc = (destructor)Allocator_dealloc,
     .tp_methods = Allocator_methods,
 };
+
+PyObject *gm_py_cuda_open(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"path", NULL};
+    const char *path = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|z", kwlist, &path))
+        return NULL;
+    gm_cuda_t *c = cuda_get(path);
+    if (!c)
+        return NULL;
+    int n = 0;
+    gm_cuda_device_count(c, &n);
+    return Py_BuildValue("{s:s,s:i}", "path", gm_cuda_path(c), "device_count", n);
+}
+
+PyObject *gm_py_cuda_last_result(PyObject *self, PyObject *unused) {
+    return PyLong_FromLong(gm_cuda_last_result());
+}
 
 int gm_py_allocator_register(PyObject *module) {
     if (PyType_Ready(&AllocatorType) < 0)
@@ -502,19 +607,21 @@ static void run_replay(gm_alloc_t *a, const uint8_t *act, const uint64_t *addr,
         if (act[i] == 0) {
             if (gm_ptrmap_del(&map, key, &ptr)) {
                 r->conflicts++;
-                gm_alloc_free(a, ptr, 0);
+                if (ptr)
+                    gm_alloc_free(a, ptr, 0);
             }
             int rc = gm_alloc_malloc(a, (size_t)size[i], (uintptr_t)stream[i], 0, &ptr, NULL);
             if (rc == GM_EOOM) {
                 r->ooms++;
-                continue;
+                ptr = 0; /* remembered as failed: its free is skipped */
+                rc = GM_OK;
             }
-            if (rc || (ptr && gm_ptrmap_put(&map, key, ptr))) {
+            if (rc || gm_ptrmap_put(&map, key, ptr)) {
                 r->rc = rc ? rc : GM_ENOMEM;
                 break;
             }
         } else if (gm_ptrmap_del(&map, key, &ptr)) {
-            int rc = gm_alloc_free(a, ptr, 0);
+            int rc = ptr ? gm_alloc_free(a, ptr, 0) : GM_OK;
             if (rc) {
                 r->rc = rc;
                 break;
@@ -586,8 +693,10 @@ PyObject *gm_py_replay(PyObject *self, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     result = Py_BuildValue(
-        "{s:l,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:l,s:l,s:l,s:L,s:L,s:O}", "ops", r.ops, "elapsed_ns",
-        r.elapsed_ns, "peak_allocated", (long long)st.allocated_bytes[GM_STAT_ALL].peak,
+        "{s:l,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:l,s:l,s:l,s:L,s:L,s:O}", "ops", r.ops,
+        "elapsed_ns", r.elapsed_ns, "peak_allocated",
+        (long long)st.allocated_bytes[GM_STAT_ALL].peak, "peak_requested",
+        (long long)st.requested_bytes[GM_STAT_ALL].peak,
         "peak_reserved", (long long)st.reserved_bytes[GM_STAT_ALL].peak, "peak_active",
         (long long)st.active_bytes[GM_STAT_ALL].peak, "num_device_alloc",
         (long long)st.num_device_alloc, "num_device_free", (long long)st.num_device_free,

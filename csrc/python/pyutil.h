@@ -28,5 +28,7 @@ PyObject *gm_py_segments(gm_alloc_t *a);
 
 int gm_py_allocator_register(PyObject *module);
 PyObject *gm_py_replay(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *gm_py_cuda_open(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *gm_py_cuda_last_result(PyObject *self, PyObject *unused);
 
 #endif /* GM_PYTHON_PYUTIL_H */

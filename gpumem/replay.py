@@ -1,0 +1,301 @@
+"""Replay the allocation trace of a PyTorch memory snapshot through gpumem's core.
+
+For each device with a trace, build_ops() turns the trace into a flat list of
+allocs and frees, and replay_snapshot() runs that list through the allocator
+core on the simulated device (``gpumem._C.replay``) to measure how much
+memory gpumem would have reserved for the same program, beside what torch
+reserved.
+
+Op-list semantics (one device):
+* 'alloc' allocates the unrounded request ('size') on the entry's stream.
+* A block is freed at its 'free_completed', when torch could reuse it; a
+  'free_requested' that is never completed frees at the request.  Blocks are
+  matched by address, and an address may be allocated again once freed.
+* Traces that start mid-run: a free whose address had no earlier event in
+  the trace frees a block that was live from the start; so is every active
+  block in the snapshot's segments whose address never appears in an alloc
+  or free event of the trace (an address the trace allocates or frees cannot
+  have held one block the whole time).  All live-from-start blocks are
+  allocated first, in address order.
+* segment_* events are not replayed; they rebuild torch's reserved-memory
+  timeline.  'oom', 'snapshot' and unknown actions are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._conf import default_conf, format_conf, parse_conf
+from ._unpickle import load_snapshot, normalize_snapshot
+
+__all__ = ["ReplayError", "DeviceOps", "build_ops", "replay_device", "replay_snapshot",
+           "replay_file", "traced_devices", "round_size", "NO_TRACE_NOTE", "OP_ALLOC", "OP_FREE"]
+
+GiB = 1 << 30
+DEFAULT_CAPACITY = 80 * GiB
+OP_ALLOC = 0
+OP_FREE = 1
+_U64 = (1 << 64) - 1
+_ACTIVE_STATES = ("active_allocated", "active_pending_free")
+_SEGMENT_GROW = ("segment_alloc", "segment_map")
+_SEGMENT_SHRINK = ("segment_free", "segment_unmap")
+NO_TRACE_NOTE = ("no allocation trace recorded; record with "
+                 "torch.cuda.memory._record_memory_history() before dumping")
+
+
+class ReplayError(RuntimeError):
+    """The replay could not run (for example, gpumem._C is not built)."""
+
+
+def round_size(size: int) -> int:
+    """torch's block rounding without roundup_power2_divisions: 512-byte multiples."""
+    if size < 512:
+        return 512
+    return (size + 511) // 512 * 512
+
+
+@dataclass
+class DeviceOps:
+    """The op list for one device, and what was learnt while building it."""
+
+    device: int
+    events: int = 0  # trace length
+    ops: list = field(default_factory=list)  # (OP_ALLOC|OP_FREE, addr, size, stream)
+    live_from_start_frees: int = 0  # blocks first seen freed by the trace
+    live_from_start_blocks: int = 0  # active segment blocks the trace never touches
+    trace_ooms: int = 0
+    stray_frees: int = 0  # frees of an address that was not live (skipped)
+    implicit_frees: int = 0  # an alloc at an address still live freed the old block
+    skipped_events: int = 0  # snapshot markers and unknown actions
+    segment_events: int = 0
+    torch_reserved_end: int = 0
+    torch_reserved_start: int = 0
+    torch_peak_reserved: int | None = None
+    peak_allocated_trace: int = 0
+
+    def arrays(self) -> tuple[bytes, array, array, array]:
+        """The op list in the form gpumem._C.replay takes."""
+        actions = bytes(op[0] for op in self.ops)
+        addrs = array("Q", (op[1] & _U64 for op in self.ops))
+        sizes = array("Q", (op[2] for op in self.ops))
+        streams = array("Q", (op[3] & _U64 for op in self.ops))
+        return actions, addrs, sizes, streams
+
+
+def _segment_blocks(snapshot: dict, device: int):
+    """(address, block, segment) for every block of the device's segments."""
+    for seg in snapshot["segments"]:
+        if seg["device"] != device:
+            continue
+        addr = seg["address"]
+        for block in seg.get("blocks", []):
+            yield addr, block, seg
+            addr += block["size"]
+
+
+def build_ops(snapshot: dict, device: int) -> DeviceOps:
+    """Build the replay op list for ``device`` (see the module docstring).
+
+    ``snapshot`` must be a normalised snapshot (load_snapshot's result, or
+    any dict normalize_snapshot accepts).
+    """
+    trace = snapshot["device_traces"][device] if device < len(snapshot["device_traces"]) else []
+    out = DeviceOps(device=device, events=len(trace))
+    ops: list = []  # entries become None when a placeholder free is superseded
+    live: dict[int, tuple[int, int]] = {}  # addr -> (size, stream), not yet freed
+    pending: dict[int, int] = {}  # addr -> index of its free_requested placeholder
+    seen: set[int] = set()  # addresses named by any alloc or free event
+    start: dict[int, tuple[int, int]] = {}  # live-from-start blocks: addr -> (size, stream)
+    running = high = 0  # reserved-memory change since the trace began, and its maximum
+
+    for entry in trace:
+        action = entry["action"]
+        stream = entry.get("stream", 0)
+        if action == "alloc":
+            addr = entry["addr"]
+            seen.add(addr)
+            if addr in pending:  # never completed: its placeholder stays the free
+                del pending[addr]
+                del live[addr]
+            elif addr in live:  # allocated twice without a free in between
+                ops.append((OP_FREE, addr, 0, 0))
+                del live[addr]
+                out.implicit_frees += 1
+            ops.append((OP_ALLOC, addr, entry["size"], stream))
+            live[addr] = (entry["size"], stream)
+        elif action == "free_requested":
+            addr = entry["addr"]
+            if addr in pending:
+                out.stray_frees += 1
+            elif addr in live or addr not in seen:
+                if addr not in live:
+                    start[addr] = live[addr] = (entry["size"], stream)
+                    out.live_from_start_frees += 1
+                pending[addr] = len(ops)
+                ops.append((OP_FREE, addr, 0, 0))
+            else:
+                out.stray_frees += 1
+            seen.add(addr)
+        elif action in ("free_completed", "free"):
+            addr = entry["addr"]
+            if addr in pending:
+                ops[pending.pop(addr)] = None
+                ops.append((OP_FREE, addr, 0, 0))
+                del live[addr]
+            elif addr in live:
+                ops.append((OP_FREE, addr, 0, 0))
+                del live[addr]
+            elif addr not in seen:
+                start[addr] = (entry["size"], stream)
+                out.live_from_start_frees += 1
+                ops.append((OP_FREE, addr, 0, 0))
+            else:
+                out.stray_frees += 1
+            seen.add(addr)
+        elif action in _SEGMENT_GROW or action in _SEGMENT_SHRINK:
+            out.segment_events += 1
+            running += entry["size"] if action in _SEGMENT_GROW else -entry["size"]
+            high = max(high, running)
+        elif action == "oom":
+            out.trace_ooms += 1
+        else:
+            out.skipped_events += 1
+
+    from_segments = 0
+    for addr, block, seg in _segment_blocks(snapshot, device):
+        if block["state"] in _ACTIVE_STATES and addr not in seen:
+            req = block.get("requested_size", 0)
+            start[addr] = (req if req > 0 else block["size"], seg.get("stream", 0))
+            from_segments += 1
+    out.live_from_start_blocks = from_segments
+
+    out.ops = [(OP_ALLOC, a, size, stream) for a, (size, stream) in sorted(start.items())]
+    out.ops.extend(op for op in ops if op is not None)
+
+    out.torch_reserved_end = sum(seg["total_size"] for seg in snapshot["segments"]
+                                 if seg["device"] == device)
+    out.torch_reserved_start = out.torch_reserved_end - running
+    if out.segment_events:
+        out.torch_peak_reserved = out.torch_reserved_start + high
+    out.peak_allocated_trace = _peak_allocated(out.ops)
+    return out
+
+
+def _peak_allocated(ops: list) -> int:
+    sizes: dict[int, int] = {}
+    current = peak = 0
+    for action, addr, size, _stream in ops:
+        if action == OP_ALLOC:
+            rounded = round_size(size)
+            sizes[addr] = rounded
+            current += rounded
+            peak = max(peak, current)
+        else:
+            current -= sizes.pop(addr)
+    return peak
+
+
+def _import_c():
+    try:
+        from . import _C  # noqa: PLC0415 - the extension is optional until replay runs
+    except ImportError as e:
+        raise ReplayError(
+            f"the compiled extension gpumem._C is not available ({e}); build it with "
+            f"'pip install -e .' in the gpumem source tree"
+        ) from None
+    return _C
+
+
+def _ratio(num: int | None, den: int | None) -> float | None:
+    if num is None or not den:
+        return None
+    return num / den
+
+
+def replay_device(ops: DeviceOps, conf: dict, *, capacity: int | None = None,
+                  granularity: int | None = None) -> dict[str, Any]:
+    """Run one device's op list through gpumem._C.replay and return its report row."""
+    c_mod = _import_c()
+    if capacity is None:
+        capacity = max(DEFAULT_CAPACITY, 4 * ops.peak_allocated_trace)
+    actions, addrs, sizes, streams = ops.arrays()
+    kwargs: dict[str, Any] = {"capacity": capacity, "settings": conf}
+    if granularity is not None:
+        kwargs["granularity"] = granularity
+    r = c_mod.replay(actions, addrs, sizes, streams, **kwargs)
+    elapsed_ns = r["elapsed_ns"]
+    peak_reserved = r["peak_reserved"]
+    return {
+        "device": ops.device,
+        "events": ops.events,
+        "ops": r["ops"],
+        "peak_allocated": r["peak_allocated"],
+        "peak_allocated_trace": ops.peak_allocated_trace,
+        "gpumem_peak_reserved": peak_reserved,
+        "ratio": _ratio(peak_reserved, r["peak_allocated"]),
+        "num_device_alloc": r["num_device_alloc"],
+        "num_device_free": r["num_device_free"],
+        "num_alloc_retries": r["num_alloc_retries"],
+        "torch_peak_reserved": ops.torch_peak_reserved,
+        "torch_reserved_end": ops.torch_reserved_end,
+        "ratio_vs_torch": _ratio(peak_reserved, ops.torch_peak_reserved),
+        "live_from_start_frees": ops.live_from_start_frees,
+        "live_from_start_blocks": ops.live_from_start_blocks,
+        "trace_ooms": ops.trace_ooms,
+        "replay_ooms": r["num_ooms"],
+        "unknown_frees": r["unknown_frees"],
+        "stray_frees": ops.stray_frees,
+        "implicit_frees": ops.implicit_frees,
+        "gpumem_reserved_end": r["reserved_end"],
+        "allocated_end": r["allocated_end"],
+        "expandable_active": r.get("expandable"),
+        "capacity": capacity,
+        "elapsed_ns": elapsed_ns,
+        "events_per_s": r["ops"] / (elapsed_ns / 1e9) if r["ops"] and elapsed_ns > 0 else None,
+    }
+
+
+def _as_conf(conf: dict | str | None) -> dict:
+    if conf is None:
+        return default_conf()
+    if isinstance(conf, str):
+        return parse_conf(conf)
+    return parse_conf(format_conf(conf))  # validates and fills in defaults
+
+
+def traced_devices(snapshot: dict) -> list[int]:
+    """Indexes of the devices whose trace is not empty."""
+    return [d for d, trace in enumerate(snapshot["device_traces"]) if trace]
+
+
+def replay_snapshot(snapshot: dict, conf: dict | str | None = None, *,
+                    capacity: int | None = None, granularity: int | None = None,
+                    file: str | None = None) -> dict[str, Any]:
+    """Replay every device trace of ``snapshot`` through gpumem and report the peaks.
+
+    ``conf`` is a settings dict from parse_conf (or a settings string); the
+    default is torch's defaults.  ``capacity`` is the simulated device size
+    in bytes (default: 80 GiB, or 4x the trace's peak if larger).
+    """
+    snap = normalize_snapshot(snapshot, file or "snapshot")
+    settings = _as_conf(conf)
+    report: dict[str, Any] = {"file": file, "conf": format_conf(settings), "devices": []}
+    devices = traced_devices(snap)
+    if not devices:
+        report["note"] = NO_TRACE_NOTE
+        return report
+    for d in devices:
+        report["devices"].append(replay_device(build_ops(snap, d), settings,
+                                               capacity=capacity, granularity=granularity))
+    return report
+
+
+def replay_file(path: str | os.PathLike[str], conf_text: str | None = "", *,
+                capacity: int | None = None) -> dict[str, Any]:
+    """load_snapshot(path), then replay_snapshot with the settings string ``conf_text``."""
+    settings = parse_conf(conf_text)
+    snap = load_snapshot(path)
+    return replay_snapshot(snap, settings, capacity=capacity, file=os.fspath(path))

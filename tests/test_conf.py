@@ -1,0 +1,236 @@
+"""Allocator settings strings: gpumem._conf."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpumem._conf import (ConfError, default_conf, format_conf, parse_conf,
+                          settings_for_snapshot)
+from gpumem._unpickle import load_snapshot
+
+MiB = 1 << 20
+SNAPSHOTS = Path(__file__).parent.parent.parent / "shared" / "snapshots"
+REAL = sorted(SNAPSHOTS.glob("*.pickle")) if SNAPSHOTS.is_dir() else []
+ACCEPTED = ("expandable_segments, max_split_size_mb, garbage_collection_threshold, "
+            "roundup_power2_divisions")
+
+
+def test_defaults():
+    conf = parse_conf("")
+    assert conf == {
+        "expandable_segments": False,
+        "max_split_size": -1,
+        "garbage_collection_threshold": 0.0,
+        "roundup_power2_divisions": [0] * 16,
+    }
+    assert parse_conf(None) == conf == default_conf()
+    assert parse_conf("  ") == conf
+    assert set(conf) == {"expandable_segments", "max_split_size",
+                         "garbage_collection_threshold", "roundup_power2_divisions"}
+
+
+@pytest.mark.parametrize("text, value", [("expandable_segments:True", True),
+                                         ("expandable_segments:False", False),
+                                         (" expandable_segments : True ", True)])
+def test_expandable_segments(text, value):
+    assert parse_conf(text)["expandable_segments"] is value
+
+
+@pytest.mark.parametrize("bad", ["true", "1", "yes", "TRUE", "Truee"])
+def test_expandable_segments_bad(bad):
+    with pytest.raises(ConfError) as ei:
+        parse_conf(f"expandable_segments:{bad}")
+    msg = str(ei.value)
+    assert "'expandable_segments'" in msg and f"'{bad}'" in msg and "True and False" in msg
+
+
+@pytest.mark.parametrize("mb", [21, 64, 128, 4096])
+def test_max_split_size(mb):
+    assert parse_conf(f"max_split_size_mb:{mb}")["max_split_size"] == mb * MiB
+
+
+def test_max_split_size_is_clamped_like_torch():
+    huge = parse_conf("max_split_size_mb:99999999999999999999")["max_split_size"]
+    assert huge == ((1 << 64) - 1) // MiB * MiB
+
+
+@pytest.mark.parametrize("bad", ["20", "0", "-64", "64.5", "abc", "1e3"])
+def test_max_split_size_bad(bad):
+    with pytest.raises(ConfError) as ei:
+        parse_conf(f"max_split_size_mb:{bad}")
+    msg = str(ei.value)
+    assert "'max_split_size_mb'" in msg and "greater than 20" in msg
+
+
+@pytest.mark.parametrize("value", [0.5, 0.01, 0.999])
+def test_garbage_collection_threshold(value):
+    conf = parse_conf(f"garbage_collection_threshold:{value}")
+    assert conf["garbage_collection_threshold"] == value
+
+
+@pytest.mark.parametrize("bad", ["0", "1", "1.0", "0.0", "-0.5", "2", "nan", "inf", "half"])
+def test_garbage_collection_threshold_bad(bad):
+    with pytest.raises(ConfError) as ei:
+        parse_conf(f"garbage_collection_threshold:{bad}")
+    msg = str(ei.value)
+    assert "'garbage_collection_threshold'" in msg and "less than 1" in msg
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 16])
+def test_roundup_single_value_applies_to_every_interval(n):
+    assert parse_conf(f"roundup_power2_divisions:{n}")["roundup_power2_divisions"] == [n] * 16
+
+
+def test_roundup_list_torch_example():
+    # 256 MiB is interval 8: the first entry also fills intervals 0..7, and
+    # '>' fills everything after the previous entry (1024 MiB, interval 10).
+    conf = parse_conf("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]")
+    assert conf["roundup_power2_divisions"] == [1] * 9 + [2, 4] + [8] * 5
+
+
+def test_roundup_list_unnamed_intervals_stay_off():
+    conf = parse_conf("roundup_power2_divisions:[64:8, 256:4]")
+    assert conf["roundup_power2_divisions"] == [8] * 7 + [0, 4] + [0] * 7
+
+
+def test_roundup_list_edges():
+    divs = parse_conf("roundup_power2_divisions:[1:2,32768:4]")["roundup_power2_divisions"]
+    assert divs == [2] + [0] * 14 + [4]
+    # Boundaries past the last interval land in it, as in torch.
+    divs = parse_conf("roundup_power2_divisions:[65536:16]")["roundup_power2_divisions"]
+    assert divs == [16] * 16
+    # A leading '>' starts after interval 0, as in torch.
+    divs = parse_conf("roundup_power2_divisions:[>:2]")["roundup_power2_divisions"]
+    assert divs == [0] + [2] * 15
+    # Zero turns rounding off for one interval.
+    divs = parse_conf("roundup_power2_divisions:[4:4,8:0,>:4]")["roundup_power2_divisions"]
+    assert divs == [4, 4, 4, 0] + [4] * 12
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("roundup_power2_divisions:3", "'3'"),
+    ("roundup_power2_divisions:0", "'0'"),
+    ("roundup_power2_divisions:[256:3]", "'256:3'"),
+    ("roundup_power2_divisions:[300:2]", "'300:2'"),
+    ("roundup_power2_divisions:[0:2]", "'0:2'"),
+    ("roundup_power2_divisions:[256:1", "']'"),
+    ("roundup_power2_divisions:[256:1 512:2]", "'256:1512'"),  # spaces vanish, as in torch
+    ("roundup_power2_divisions:[256]", "':'"),
+    ("roundup_power2_divisions:", "no value"),
+])
+def test_roundup_bad(text, fragment):
+    with pytest.raises(ConfError) as ei:
+        parse_conf(text)
+    msg = str(ei.value)
+    assert "'roundup_power2_divisions'" in msg and fragment in msg
+
+
+@pytest.mark.parametrize("key", ["foo", "backend", "pinned_num_register_threads",
+                                 "max_split_size"])
+def test_unknown_key(key):
+    with pytest.raises(ConfError) as ei:
+        parse_conf(f"expandable_segments:True,{key}:1")
+    assert str(ei.value) == f"unknown allocator setting '{key}'; gpumem accepts {ACCEPTED}"
+
+
+@pytest.mark.parametrize("text", ["expandable_segments", "expandable_segments True",
+                                  "expandable_segments:True:False", "max_split_size_mb:64]"])
+def test_malformed(text):
+    with pytest.raises(ConfError) as ei:
+        parse_conf(text)
+    assert "\n" not in str(ei.value)
+
+
+def test_conf_error_is_a_value_error():
+    assert issubclass(ConfError, ValueError)
+
+
+def test_combined_and_later_entry_wins():
+    conf = parse_conf("expandable_segments:True, max_split_size_mb:128,"
+                      "garbage_collection_threshold:0.8,roundup_power2_divisions:4,"
+                      "max_split_size_mb:256,")
+    assert conf == {
+        "expandable_segments": True,
+        "max_split_size": 256 * MiB,
+        "garbage_collection_threshold": 0.8,
+        "roundup_power2_divisions": [4] * 16,
+    }
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    "expandable_segments:True",
+    "expandable_segments:False",
+    "max_split_size_mb:21",
+    "garbage_collection_threshold:0.6",
+    "garbage_collection_threshold:0.123456789",
+    "roundup_power2_divisions:1",
+    "roundup_power2_divisions:8",
+    "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+    "roundup_power2_divisions:[64:8,256:4]",
+    "roundup_power2_divisions:[>:2]",
+    "roundup_power2_divisions:[1:2,32768:4]",
+    "roundup_power2_divisions:[4:4,8:0,>:4]",
+    "expandable_segments:True,max_split_size_mb:512,garbage_collection_threshold:0.9,"
+    "roundup_power2_divisions:[2:4,>:2]",
+])
+def test_format_round_trip(text):
+    conf = parse_conf(text)
+    canonical = format_conf(conf)
+    assert parse_conf(canonical) == conf
+    assert format_conf(parse_conf(canonical)) == canonical
+
+
+def test_format_is_canonical():
+    assert format_conf(default_conf()) == ""
+    assert format_conf(parse_conf("expandable_segments:False")) == ""
+    assert format_conf(parse_conf(" max_split_size_mb : 64 , expandable_segments:True")) == \
+        "expandable_segments:True,max_split_size_mb:64"
+    assert format_conf(parse_conf("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]")) == \
+        "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]"
+    assert format_conf(parse_conf("roundup_power2_divisions:[1:4,2:4,>:4]")) == \
+        "roundup_power2_divisions:4"
+
+
+def test_format_rejects_bad_dicts():
+    for bad in ({"expandable_segments": 1}, {"max_split_size": 5},
+                {"garbage_collection_threshold": 1.5},
+                {"roundup_power2_divisions": [3] * 16},
+                {"roundup_power2_divisions": [1] * 15}, {"colour": "blue"}):
+        with pytest.raises(ConfError):
+            format_conf(bad)
+
+
+def test_settings_for_snapshot_shape():
+    conf = parse_conf("expandable_segments:True,max_split_size_mb:64,"
+                      "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]")
+    s = settings_for_snapshot(conf)
+    assert s["PYTORCH_CUDA_ALLOC_CONF"] == format_conf(conf)
+    assert s["expandable_segments"] is True
+    assert s["max_split_size"] == 64 * MiB
+    assert s["garbage_collection_threshold"] == 0.0
+    keys = [str(1 << i) for i in range(16)]
+    assert list(s["roundup_power2_divisions"]) == keys
+    assert [s["roundup_power2_divisions"][k] for k in keys] == conf["roundup_power2_divisions"]
+    assert settings_for_snapshot(default_conf())["max_split_size"] == -1
+
+
+@pytest.mark.skipif(not REAL, reason=f"real snapshots not found at {SNAPSHOTS}")
+def test_real_allocator_settings_agree():
+    """Every settings string recorded in a real snapshot parses to the values torch recorded."""
+    checked = 0
+    for path in REAL:
+        snap = load_snapshot(path)
+        recorded = snap.get("allocator_settings")
+        if not recorded:
+            continue
+        conf = parse_conf(recorded["PYTORCH_CUDA_ALLOC_CONF"])
+        ours = settings_for_snapshot(conf)
+        for key in ("max_split_size", "garbage_collection_threshold", "expandable_segments",
+                    "roundup_power2_divisions"):
+            assert ours[key] == recorded[key], (path.name, key)
+        assert set(recorded) - {"PYTORCH_CUDA_ALLOC_CONF"} <= set(ours), path.name
+        checked += 1
+    assert checked > 0
