@@ -1,0 +1,279 @@
+/*
+ * fakecuda_internal.h - state shared by the files of the fake CUDA driver.
+ *
+ * The fake is a libcuda.so.1 over host memory for gpumem's tests (see
+ * README.md). One mutex (fc.mu) protects every field of `fc`; every exported
+ * cu* function takes it for its whole duration through FC_BEGIN/FC_END, so
+ * helpers named *_unlocked expect it held. The current-context stack is
+ * thread-local and needs no lock.
+ *
+ * Handles (streams, events, VMM allocation handles) are opaque numbers built
+ * from a per-process counter that never repeats, so a destroyed handle can
+ * never become valid again and a double destroy is always detected. They are
+ * never dereferenced. Contexts are the only handles that are real pointers
+ * (one static primary context per device).
+ *
+ * Must not: export anything but the cu* and fakecuda_* entry points listed in
+ * libcuda.map, or call back into an exported cu* function while holding the
+ * lock (the mutex is not recursive).
+ */
+#ifndef FAKECUDA_INTERNAL_H
+#define FAKECUDA_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef FAKECUDA_USE_CUDA_H
+#include <cuda.h>
+/* cuda.h turns the legacy names into macros for the versioned ones. The fake
+ * also exports the legacy names whose prototype is identical, so undo those
+ * macros and declare the legacy functions as the real library has them. */
+#undef cuDeviceGetUuid
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
+#undef cuCtxPushCurrent
+#undef cuCtxPopCurrent
+#undef cuStreamDestroy
+#undef cuEventDestroy
+#else
+#include "cuda_min.h"
+#endif
+
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx);
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx);
+CUresult CUDAAPI cuStreamDestroy(CUstream hStream);
+CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
+
+#define FC_API __attribute__((visibility("default")))
+
+/* Every exported cu* function, in the order the report lists them. The
+ * failure-injection spec names functions by these exported names. */
+#define FC_FUNCS(X)                                                         \
+    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet)      \
+    X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDeviceTotalMem_v2)       \
+    X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDevicePrimaryCtxRetain)    \
+    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2)            \
+    X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxReset)                \
+    X(cuDevicePrimaryCtxReset_v2) X(cuCtxGetCurrent) X(cuCtxSetCurrent)     \
+    X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent)           \
+    X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) X(cuCtxSynchronize)             \
+    X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuMemcpyHtoD_v2)  \
+    X(cuMemcpyDtoH_v2) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy)\
+    X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuStreamQuery)           \
+    X(cuEventCreate) X(cuEventDestroy) X(cuEventDestroy_v2) X(cuEventRecord)\
+    X(cuEventQuery) X(cuEventSynchronize) X(cuMemAddressReserve)            \
+    X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap)          \
+    X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)        \
+    X(cuGetErrorName) X(cuGetErrorString)
+
+enum {
+#define FC_ENUM(name) FN_##name,
+    FC_FUNCS(FC_ENUM)
+#undef FC_ENUM
+    FN_COUNT
+};
+
+extern const char *const fc_func_names[FN_COUNT];
+
+#define FC_MAX_DEVICES 16
+#define FC_MAX_FAIL_RULES 64
+#define FC_DRIVER_VERSION 13000
+/* One past the highest CUdevice_attribute of CUDA 13.0; larger values are
+ * rejected with CUDA_ERROR_INVALID_VALUE, as a 13.0 driver does. */
+#define FC_ATTR_LIMIT 148
+
+/* ---- a sorted vector of (key, pointer), the only container used ---- */
+typedef struct {
+    uint64_t key;
+    void *val;
+} fc_kv_t;
+
+typedef struct {
+    fc_kv_t *v;
+    size_t n, cap;
+} fc_vec_t;
+
+size_t fc_vec_lower(const fc_vec_t *vec, uint64_t key); /* first index with v[i].key >= key */
+void *fc_vec_find(const fc_vec_t *vec, uint64_t key);
+int fc_vec_insert(fc_vec_t *vec, uint64_t key, void *val); /* 0 ok, -1 no memory */
+void fc_vec_remove_at(fc_vec_t *vec, size_t idx);
+void *fc_vec_remove(fc_vec_t *vec, uint64_t key);
+
+/* ---- contexts and devices ---- */
+struct CUctx_st {
+    int device;                 /* immutable after init */
+    int refcount;               /* primary-context retains outstanding */
+};
+
+typedef struct {
+    size_t capacity;            /* immutable after init */
+    struct CUctx_st ctx;        /* the primary context; &ctx is its CUcontext */
+    size_t bytes_allocated;     /* live cuMemAlloc bytes */
+    size_t bytes_created;       /* physical cuMemCreate bytes not yet freed */
+    size_t bytes_mapped;        /* cuMemMap'ed bytes of this device's handles */
+    size_t bytes_reserved;      /* cuMemAddressReserve'd bytes charged here */
+    size_t peak_used;           /* max of bytes_allocated + bytes_created */
+    size_t n_allocs, n_handles, n_phys, n_reservations, n_mappings;
+    size_t n_events, n_streams;
+} fc_device_t;
+
+/* ---- tracked objects ---- */
+typedef struct {
+    uint64_t ptr;
+    size_t size, map_size;
+    int device;
+} fc_alloc_t;
+
+typedef struct {
+    uint64_t handle;            /* the CUmemGenericAllocationHandle */
+    int device;
+    size_t size;
+    uint64_t file_off;          /* backing extent in fc.memfd */
+    int released;
+    size_t nmaps;
+} fc_vhandle_t;
+
+typedef struct {
+    uint64_t start;
+    size_t size;
+    int device;                 /* device of the context that reserved it */
+    size_t nmaps;
+} fc_reservation_t;
+
+typedef struct {
+    uint64_t start;
+    size_t size;
+    fc_vhandle_t *h;
+    fc_reservation_t *res;
+    unsigned char access[FC_MAX_DEVICES]; /* CUmemAccess_flags per device */
+} fc_mapping_t;
+
+typedef struct {
+    uint64_t handle;
+    struct CUctx_st *ctx;
+    unsigned int flags;
+} fc_stream_t;
+
+enum { FC_EV_IMMEDIATE, FC_EV_NEVER, FC_EV_AFTER };
+
+typedef struct {
+    uint64_t handle;
+    struct CUctx_st *ctx;
+    unsigned int flags;
+    int recorded;               /* cuEventRecord was called at least once */
+    int complete;               /* the captured work has finished */
+    long remaining;             /* FC_EV_AFTER: NOT_READY answers left; -1: never */
+    uint64_t stream_key;        /* which stream the last record captured */
+} fc_event_t;
+
+typedef struct {
+    int fn;
+    uint64_t nth;
+    int and_after;              /* "N+": the Nth and every later call */
+    CUresult code;
+} fc_fail_rule_t;
+
+typedef struct {
+    pthread_mutex_t mu;
+    int config_loaded;          /* env parsed by a cuInit */
+    int initialized;            /* cuInit succeeded */
+    int ndev;
+    size_t memory;              /* capacity per device */
+    size_t granularity;         /* 0: no VMM */
+    size_t fail_above;          /* 0: off */
+    char *report_path;          /* malloc'ed or NULL */
+    long report_pid;            /* only this process writes the report */
+    int ev_mode;
+    long ev_after;
+    fc_device_t dev[FC_MAX_DEVICES];
+
+    uint64_t calls[FN_COUNT];     /* reported; reset by fakecuda_reset_counters */
+    uint64_t fail_seen[FN_COUNT]; /* "Nth call" counters; reset by set_fail too */
+    fc_fail_rule_t rules[FC_MAX_FAIL_RULES];
+    int nrules;
+    char fail_spec[1024];
+
+    fc_vec_t allocs;            /* key: ptr */
+    fc_vec_t reservations;      /* key: start */
+    fc_vec_t mappings;          /* key: start */
+    fc_vec_t handles;           /* key: handle; unreleased handles only */
+    fc_vec_t streams;           /* key: handle */
+    fc_vec_t events;            /* key: handle */
+    uint64_t next_id;
+
+    int memfd;                  /* backing store of cuMemCreate; -1 until needed */
+    uint64_t memfd_size;
+
+    struct {
+        size_t allocations, bytes, streams, events;
+    } reclaimed;                /* freed by a primary-context reset */
+} fc_state_t;
+
+extern fc_state_t fc;
+
+#define FC_HANDLE_STREAM 0x5717000000000000ull
+#define FC_HANDLE_EVENT 0xe7e0000000000000ull
+#define FC_HANDLE_MEM 0x3e30000000000000ull
+
+/* ---- entry/exit of every exported function ----
+ * FC_BEGIN counts the call, applies failure injection and, when need_init,
+ * the cuInit rule; on error it jumps to FC_END with `res` set. */
+#define FC_BEGIN(fn, need_init)                                             \
+    CUresult res;                                                           \
+    fc_lock();                                                              \
+    res = fc_enter_unlocked((fn), (need_init));                             \
+    if (res != CUDA_SUCCESS)                                                \
+        goto done
+
+#define FC_FAIL(code)                                                       \
+    do {                                                                    \
+        res = (code);                                                       \
+        goto done;                                                          \
+    } while (0)
+
+#define FC_END()                                                            \
+    done:                                                                   \
+    fc_unlock();                                                            \
+    return res
+
+void fc_lock(void);
+void fc_unlock(void);
+CUresult fc_enter_unlocked(int fn, int need_init);
+CUresult fc_injected_unlocked(int fn);
+/* The calling thread's current context, checked: INVALID_CONTEXT if none,
+ * CONTEXT_IS_DESTROYED if its primary context was released to zero. */
+CUresult fc_current_ctx_unlocked(struct CUctx_st **out);
+int fc_valid_device(int dev);
+void fc_note_usage_unlocked(int dev);
+uint64_t fc_new_id_unlocked(void);
+int fc_parse_fail_spec(const char *spec, fc_fail_rule_t *rules, int *nrules, char *err,
+                       size_t errlen);
+void fc_set_fail_unlocked(const fc_fail_rule_t *rules, int nrules, const char *spec);
+
+/* fakecuda_mem.c */
+void fc_mem_reset_device_unlocked(int dev);
+int fc_mem_report_leaks_unlocked(void *sb, int *first, int left);
+
+/* fakecuda_sync.c */
+void fc_sync_reset_ctx_unlocked(struct CUctx_st *ctx);
+void fc_sync_complete_all_unlocked(void);
+int fc_parse_event_mode(const char *s, int *mode, long *after);
+size_t fc_sync_pending_events_unlocked(int dev);
+int fc_sync_report_leaks_unlocked(void *sb, int *first, int left);
+
+/* report string builder (fakecuda_report.c) */
+void fc_sb_printf(void *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Starts one entry of the leak "details" list: returns 1 (and writes the
+ * separator) if the entry may be written, 0 once *left is used up, which
+ * then becomes -1 to mark the list truncated. */
+int fc_leak_slot(void *sb, int *first, int *left);
+
+#endif /* FAKECUDA_INTERNAL_H */

@@ -1,0 +1,355 @@
+/*
+ * fakecuda_sync.c - streams and events of the fake CUDA driver, and
+ * cuCtxSynchronize.
+ *
+ * No work ever runs, so "work in a stream" is represented only by the events
+ * recorded on it. When a recorded event completes is set by the event mode
+ * (GPUMEM_FAKECUDA_EVENTS, fakecuda_set_event_mode) in force when it was
+ * recorded: see Note [Event completion].
+ *
+ * Invariants: streams and events belong to the context that was current when
+ * they were created and die with it; handles are never reused; the special
+ * streams 0 (legacy), CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are always
+ * valid and mean the current context's stream.
+ *
+ * Must not: treat NOT_READY as an error (it is a normal query answer).
+ */
+#include "fakecuda_internal.h"
+
+#include <stdlib.h>
+
+/*
+ * Note [Event completion]
+ * Rationale: an allocator that reuses memory freed on another stream must
+ * wait for an event; tests need that wait to be observable and
+ * deterministic.
+ * Approach: cuEventRecord captures the mode. "immediate": complete at once.
+ * "never": incomplete until cuEventSynchronize, cuStreamSynchronize of its
+ * stream, cuCtxSynchronize of its context, or fakecuda_complete_events().
+ * "after:N": the first N polls answer CUDA_ERROR_NOT_READY and the next one
+ * completes it. A poll is a cuEventQuery of the event or a cuStreamQuery of
+ * the stream it was recorded on. An event never recorded is complete
+ * (documented: it "represents an empty set of work"); re-recording starts
+ * over with the mode in force then.
+ * Limitations: the legacy stream's implicit synchronisation with blocking
+ * streams is not modelled; synchronising one stream completes only the
+ * events recorded on that very stream.
+ */
+
+#define KEY_LEGACY 1ull
+#define KEY_PER_THREAD_BIT (1ull << 63)
+
+static __thread uint64_t tls_per_thread_key; /* this thread's CU_STREAM_PER_THREAD */
+static uint64_t next_per_thread = 1;          /* protected by fc.mu */
+
+/* Which stream `h` means, as a key events remember, and its context. */
+static CUresult resolve_stream_unlocked(CUstream h, struct CUctx_st *cur, uint64_t *key,
+                                        struct CUctx_st **sctx)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY) {
+        *key = KEY_LEGACY;
+        *sctx = cur;
+        return CUDA_SUCCESS;
+    }
+    if (h == CU_STREAM_PER_THREAD) {
+        if (!tls_per_thread_key)
+            tls_per_thread_key = KEY_PER_THREAD_BIT | next_per_thread++;
+        *key = tls_per_thread_key;
+        *sctx = cur;
+        return CUDA_SUCCESS;
+    }
+    fc_stream_t *s = fc_vec_find(&fc.streams, (uint64_t)(uintptr_t)h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *key = s->handle;
+    *sctx = s->ctx;
+    return CUDA_SUCCESS;
+}
+
+/* One poll of an event; returns 1 when it is complete. */
+static int poll_unlocked(fc_event_t *e)
+{
+    if (!e->recorded || e->complete)
+        return 1;
+    if (e->remaining > 0) {
+        e->remaining--;
+        return 0;
+    }
+    if (e->remaining == 0) {
+        e->complete = 1;
+        return 1;
+    }
+    return 0; /* "never" */
+}
+
+static int pending(const fc_event_t *e) { return e->recorded && !e->complete; }
+
+/* Complete (ctx, key) events; key 0 means every event of ctx. */
+static void complete_unlocked(struct CUctx_st *ctx, uint64_t key)
+{
+    for (size_t i = 0; i < fc.events.n; i++) {
+        fc_event_t *e = fc.events.v[i].val;
+        if (e->ctx == ctx && (key == 0 || e->stream_key == key))
+            e->complete = 1;
+    }
+}
+
+void fc_sync_complete_all_unlocked(void)
+{
+    for (size_t i = 0; i < fc.events.n; i++)
+        ((fc_event_t *)fc.events.v[i].val)->complete = 1;
+}
+
+size_t fc_sync_pending_events_unlocked(int dev)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < fc.events.n; i++) {
+        const fc_event_t *e = fc.events.v[i].val;
+        n += e->ctx->device == dev && pending(e);
+    }
+    return n;
+}
+
+void fc_sync_reset_ctx_unlocked(struct CUctx_st *ctx)
+{
+    for (size_t i = fc.streams.n; i-- > 0;) {
+        fc_stream_t *s = fc.streams.v[i].val;
+        if (s->ctx != ctx)
+            continue;
+        fc_vec_remove_at(&fc.streams, i);
+        fc.dev[ctx->device].n_streams--;
+        fc.reclaimed.streams++;
+        free(s);
+    }
+    for (size_t i = fc.events.n; i-- > 0;) {
+        fc_event_t *e = fc.events.v[i].val;
+        if (e->ctx != ctx)
+            continue;
+        fc_vec_remove_at(&fc.events, i);
+        fc.dev[ctx->device].n_events--;
+        fc.reclaimed.events++;
+        free(e);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* streams                                                              */
+
+FC_API CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+    FC_BEGIN(FN_cuStreamCreate, 1);
+    struct CUctx_st *c;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    if (!phStream || (Flags & ~(unsigned int)CU_STREAM_NON_BLOCKING))
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    fc_stream_t *s = malloc(sizeof *s);
+    uint64_t hv = FC_HANDLE_STREAM | (fc_new_id_unlocked() << 4);
+    if (!s || fc_vec_insert(&fc.streams, hv, s) != 0) {
+        free(s);
+        FC_FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    s->handle = hv;
+    s->ctx = c;
+    s->flags = Flags;
+    fc.dev[c->device].n_streams++;
+    *phStream = (CUstream)(uintptr_t)hv;
+    FC_END();
+}
+
+/* Pending events recorded on the stream stay pending: the work "completes
+ * later", as the header says for a stream destroyed while busy. */
+static CUresult stream_destroy(int fn, CUstream hStream)
+{
+    FC_BEGIN(fn, 1);
+    struct CUctx_st *c;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    fc_stream_t *s = fc_vec_remove(&fc.streams, (uint64_t)(uintptr_t)hStream);
+    if (!s) /* includes the special streams, which cannot be destroyed */
+        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    fc.dev[s->ctx->device].n_streams--;
+    free(s);
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
+{
+    return stream_destroy(FN_cuStreamDestroy, hStream);
+}
+
+FC_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
+{
+    return stream_destroy(FN_cuStreamDestroy_v2, hStream);
+}
+
+FC_API CUresult CUDAAPI cuStreamQuery(CUstream hStream)
+{
+    FC_BEGIN(FN_cuStreamQuery, 1);
+    struct CUctx_st *c, *sctx;
+    uint64_t key;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    if ((res = resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+        goto done;
+    int busy = 0;
+    for (size_t i = 0; i < fc.events.n; i++) {
+        fc_event_t *e = fc.events.v[i].val;
+        if (e->ctx == sctx && e->stream_key == key && !poll_unlocked(e))
+            busy = 1;
+    }
+    if (busy)
+        FC_FAIL(CUDA_ERROR_NOT_READY);
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
+{
+    FC_BEGIN(FN_cuStreamSynchronize, 1);
+    struct CUctx_st *c, *sctx;
+    uint64_t key;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    if ((res = resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+        goto done;
+    complete_unlocked(sctx, key);
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuCtxSynchronize(void)
+{
+    FC_BEGIN(FN_cuCtxSynchronize, 1);
+    struct CUctx_st *c;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    complete_unlocked(c, 0);
+    FC_END();
+}
+
+/* ------------------------------------------------------------------ */
+/* events                                                               */
+
+FC_API CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    FC_BEGIN(FN_cuEventCreate, 1);
+    struct CUctx_st *c;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    const unsigned int known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if (!phEvent || (Flags & ~known) ||
+        ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    fc_event_t *e = calloc(1, sizeof *e);
+    uint64_t hv = FC_HANDLE_EVENT | (fc_new_id_unlocked() << 4);
+    if (!e || fc_vec_insert(&fc.events, hv, e) != 0) {
+        free(e);
+        FC_FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    e->handle = hv;
+    e->ctx = c;
+    e->flags = Flags;
+    fc.dev[c->device].n_events++;
+    *phEvent = (CUevent)(uintptr_t)hv;
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    FC_BEGIN(FN_cuEventRecord, 1);
+    struct CUctx_st *c, *sctx;
+    uint64_t key;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    fc_event_t *e = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent);
+    if (!e)
+        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if ((res = resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+        goto done;
+    if (e->ctx != sctx) /* documented: "must be from the same context" */
+        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    e->recorded = 1;
+    e->stream_key = key;
+    switch (fc.ev_mode) {
+    case FC_EV_IMMEDIATE:
+        e->complete = 1;
+        e->remaining = 0;
+        break;
+    case FC_EV_NEVER:
+        e->complete = 0;
+        e->remaining = -1;
+        break;
+    default:
+        e->complete = fc.ev_after == 0;
+        e->remaining = fc.ev_after;
+        break;
+    }
+    FC_END();
+}
+
+/* No current context needed: the header lists no CUDA_ERROR_INVALID_CONTEXT
+ * for cuEventQuery (an event of a destroyed context is an invalid handle). */
+FC_API CUresult CUDAAPI cuEventQuery(CUevent hEvent)
+{
+    FC_BEGIN(FN_cuEventQuery, 1);
+    fc_event_t *e = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent);
+    if (!e)
+        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if (!poll_unlocked(e))
+        FC_FAIL(CUDA_ERROR_NOT_READY);
+    FC_END();
+}
+
+/* The host waits and the fake GPU finishes: always completes the event. */
+FC_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
+{
+    FC_BEGIN(FN_cuEventSynchronize, 1);
+    struct CUctx_st *c;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    fc_event_t *e = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent);
+    if (!e)
+        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    e->complete = 1;
+    FC_END();
+}
+
+static CUresult event_destroy(int fn, CUevent hEvent)
+{
+    FC_BEGIN(fn, 1);
+    struct CUctx_st *c;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    fc_event_t *e = fc_vec_remove(&fc.events, (uint64_t)(uintptr_t)hEvent);
+    if (!e)
+        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    fc.dev[e->ctx->device].n_events--;
+    free(e);
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuEventDestroy(CUevent hEvent) { return event_destroy(FN_cuEventDestroy, hEvent); }
+
+FC_API CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent)
+{
+    return event_destroy(FN_cuEventDestroy_v2, hEvent);
+}
+
+/* ------------------------------------------------------------------ */
+/* report                                                               */
+
+int fc_sync_report_leaks_unlocked(void *sb, int *first, int left)
+{
+    for (size_t i = 0; i < fc.streams.n; i++) {
+        const fc_stream_t *s = fc.streams.v[i].val;
+        if (fc_leak_slot(sb, first, &left))
+            fc_sb_printf(sb, "{\"kind\": \"stream\", \"device\": %d, \"handle\": %llu}",
+                         s->ctx->device, (unsigned long long)s->handle);
+    }
+    for (size_t i = 0; i < fc.events.n; i++) {
+        const fc_event_t *e = fc.events.v[i].val;
+        if (fc_leak_slot(sb, first, &left))
+            fc_sb_printf(sb, "{\"kind\": \"event\", \"device\": %d, \"handle\": %llu, \"pending\": %s}",
+                         e->ctx->device, (unsigned long long)e->handle, pending(e) ? "true" : "false");
+    }
+    return left;
+}
