@@ -29,7 +29,8 @@ enum { GM_SIM_VIRTUAL = 0, GM_SIM_HOST = 1 };
 enum {
     GM_SIM_EVENTS_IMMEDIATE = 0, /* every query says complete */
     GM_SIM_EVENTS_NEVER = 1,     /* not ready until gm_sim_complete_events() */
-    GM_SIM_EVENTS_AFTER_N = 2    /* ready after N queries of that event */
+    GM_SIM_EVENTS_AFTER_N = 2    /* the first N queries of a recorded event say
+                                    "not ready"; query N+1 completes it */
 };
 
 /* Functions whose Nth call can be made to fail. */
@@ -81,7 +82,9 @@ void gm_sim_get_counters(gm_sim_t *sim, int device, gm_sim_counters_t *out);
 /* Mark every recorded event complete. */
 void gm_sim_complete_events(gm_sim_t *sim);
 void gm_sim_set_event_mode(gm_sim_t *sim, int mode, int after_n);
-/* Change the failure injection at run time (fn = -1 disables). */
+/* Change the failure injection at run time (fn = -1 disables). The "Nth
+ * call" count restarts from zero when this is called; the counters in
+ * gm_sim_counters_t (all calls) are not reset. */
 void gm_sim_set_failure(gm_sim_t *sim, int fn, long nth, int code, size_t fail_above);
 
 #ifdef __cplusplus

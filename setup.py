@@ -1,0 +1,119 @@
+"""Build script for gpumem's C extension, gpumem._C.
+
+Project metadata lives in pyproject.toml; this file only describes the
+extension. It compiles every .c file under csrc/core, csrc/device,
+csrc/history and csrc/python (globbed, so new files are picked up). No CUDA toolkit and no
+torch are needed: the CUDA backend loads the driver at run time.
+
+Build knobs (environment variables):
+  GM_DEBUG=0..3   compile with -DGM_DEBUG=N (1: cheap asserts, 3: check
+                  every structure after every operation)
+  GM_SANITIZE=1   AddressSanitizer + UndefinedBehaviorSanitizer build; load
+                  it with LD_PRELOAD=$(cc -print-file-name=libasan.so)
+"""
+
+import glob
+import os
+import sys
+
+from setuptools import Extension, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIRS = ("csrc/core", "csrc/device", "csrc/history", "csrc/python")
+
+
+def _relative_glob(pattern):
+    # setuptools wants source paths relative to the project root.
+    return sorted(
+        os.path.relpath(p, HERE).replace(os.sep, "/")
+        for p in glob.glob(os.path.join(HERE, pattern))
+    )
+
+
+def _env_int(name, lo, hi):
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        sys.exit(f"setup.py: {name}={raw!r} is invalid; use an integer from {lo} to {hi}.")
+    return value
+
+
+def _cuda_include():
+    """The CUDA toolkit's include dir if it has cuda.h, else None.
+
+    With it, the driver backend takes its types and prototypes from NVIDIA's
+    cuda.h; without it, from csrc/device/cuda_decls.h. GM_CUDA_INCLUDE=DIR
+    picks a directory; GM_CUDA_INCLUDE=none forces the project's own
+    declarations.
+    """
+    raw = os.environ.get("GM_CUDA_INCLUDE", "").strip()
+    if raw.lower() == "none":
+        return None
+    candidates = [raw] if raw else []
+    candidates += [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")]
+    candidates += sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)
+    for inc in candidates:
+        if inc and os.path.isfile(os.path.join(inc, "cuda.h")):
+            return inc
+    if raw:
+        sys.exit(f"setup.py: GM_CUDA_INCLUDE={raw!r} has no cuda.h; fix the path or use 'none'.")
+    return None
+
+
+def _extension():
+    sources = []
+    headers = []
+    for d in SOURCE_DIRS:
+        sources += _relative_glob(d + "/*.c")
+        headers += _relative_glob(d + "/*.h")
+
+    compile_args = [
+        "-std=c11",
+        "-O2",
+        "-fvisibility=hidden",
+        "-Wall",
+        "-Wextra",
+        "-Wno-unused-parameter",
+    ]
+    link_args = []
+    macros = [("_GNU_SOURCE", None)]
+
+    include_dirs = ["csrc"]
+    cuda_inc = _cuda_include()
+    if cuda_inc:
+        macros.append(("GM_HAVE_CUDA_H", None))
+        # -idirafter: the toolkit's headers never shadow the system's.
+        compile_args += ["-idirafter", cuda_inc]
+
+    debug = _env_int("GM_DEBUG", 0, 3)
+    if debug is not None:
+        macros.append(("GM_DEBUG", str(debug)))
+
+    if _env_int("GM_SANITIZE", 0, 1):
+        san = [
+            "-fsanitize=address,undefined",
+            "-fno-omit-frame-pointer",
+            "-fno-sanitize-recover=undefined",
+        ]
+        # Placed after -O2 so that -O1 wins.
+        compile_args += san + ["-O1", "-g"]
+        link_args += san
+
+    return Extension(
+        "gpumem._C",
+        sources=sources,
+        depends=headers,
+        include_dirs=include_dirs,
+        define_macros=macros,
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+        libraries=["pthread", "dl"],
+    )
+
+
+setup(ext_modules=[_extension()])

@@ -1,0 +1,302 @@
+"""Compile and run the C tests of the allocator core (tests/c).
+
+Three builds, each into tests/c/build/<build>/ (git-ignored):
+  normal    -O2 -DGM_DEBUG=1
+  sanitize  ASan + UBSan (-O1 -g), leak detection on, UBSan fatal
+  debug3    -O2 -DGM_DEBUG=3 (the core checks itself after every operation)
+Each build runs the unit tests and the stress test in several modes. The C
+binaries link csrc/core and csrc/device directly (not the Python module).
+A run fails when the binary exits non-zero, when its closing
+"N passed, M failed" line is missing or reports failures, or when a
+sanitizer reports anything.
+
+The last test builds the extension with GM_SANITIZE=1 and imports it under
+LD_PRELOAD=libasan in a subprocess.
+
+Only a missing C compiler skips these tests.
+"""
+
+import concurrent.futures
+import glob
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSRC = os.path.join(ROOT, "csrc")
+TESTS_C = os.path.join(ROOT, "tests", "c")
+BUILD_ROOT = os.path.join(TESTS_C, "build")
+
+COMMON_FLAGS = [
+    "-std=c11",
+    "-D_GNU_SOURCE",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+    "-I" + CSRC,
+    "-I" + TESTS_C,
+]
+SANITIZE = [
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=undefined",
+    "-fno-omit-frame-pointer",
+]
+BUILDS = {
+    "normal": {"cflags": ["-O2", "-DGM_DEBUG=1"], "ldflags": []},
+    "sanitize": {"cflags": SANITIZE + ["-O1", "-g", "-DGM_DEBUG=1"], "ldflags": SANITIZE},
+    "debug3": {"cflags": ["-O2", "-DGM_DEBUG=3"], "ldflags": []},
+}
+SAN_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+}
+SANITIZER_MARKERS = (
+    "ERROR: AddressSanitizer",
+    "ERROR: LeakSanitizer",
+    "WARNING: AddressSanitizer",
+    "runtime error:",
+    "SUMMARY: UndefinedBehaviorSanitizer",
+)
+CLOSING_LINE = re.compile(r"^(\d+) passed, (\d+) failed$", re.M)
+RUN_TIMEOUT = 900
+
+# (test id, arguments, minimum number of passed steps)
+STRESS_RUNS = {
+    "normal": [
+        ("segments", [], 1_000_000),
+        ("expandable", ["--expandable"], 1_000_000),
+        ("host", ["--host", "--ops", "300000"], 300_000),
+        ("host-expandable", ["--host", "--expandable", "--ops", "300000"], 300_000),
+        ("seed-2", ["--seed", "2"], 1_000_000),
+        ("seed-2-expandable", ["--seed", "2", "--expandable"], 1_000_000),
+        ("check-every-step", ["--check-every", "1", "--ops", "200000", "--seed", "7"], 200_000),
+        ("check-every-step-expandable",
+         ["--check-every", "1", "--ops", "200000", "--seed", "7", "--expandable"], 200_000),
+        ("max-split-gc", ["--max-split", "48", "--gc", "0.7", "--seed", "3"], 1_000_000),
+        ("max-split-gc-expandable",
+         ["--max-split", "48", "--gc", "0.7", "--seed", "3", "--expandable"], 1_000_000),
+    ],
+    "sanitize": [
+        ("segments", [], 1_000_000),
+        ("expandable", ["--expandable"], 1_000_000),
+        ("host", ["--host", "--ops", "200000"], 200_000),
+        ("host-expandable", ["--host", "--expandable", "--ops", "200000"], 200_000),
+        ("max-split-gc", ["--max-split", "48", "--gc", "0.7", "--seed", "3", "--ops", "300000"],
+         300_000),
+    ],
+    "debug3": [
+        ("segments", ["--ops", "100000", "--seed", "11"], 100_000),
+        ("expandable", ["--ops", "100000", "--seed", "11", "--expandable"], 100_000),
+    ],
+}
+# The thread test takes tens of seconds when the core checks itself after
+# every operation; the other two builds run it.
+UNIT_ARGS = {"normal": [], "sanitize": [], "debug3": ["--skip=threads"]}
+
+
+def find_cc():
+    """The C compiler as an argv prefix: $CC (which may carry flags), else cc, gcc or clang."""
+    env_cc = os.environ.get("CC", "").strip()
+    candidates = [shlex.split(env_cc)] if env_cc else []
+    candidates += [["cc"], ["gcc"], ["clang"]]
+    for argv in candidates:
+        path = shutil.which(argv[0])
+        if path:
+            return [path] + argv[1:]
+    return None
+
+
+CC = find_cc()
+needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler found (set CC or install cc)")
+
+
+def _sources():
+    core = sorted(glob.glob(os.path.join(CSRC, "core", "*.c")))
+    device = sorted(glob.glob(os.path.join(CSRC, "device", "*.c")))
+    common = [os.path.join(TESTS_C, "gmtest.c")]
+    unit = (
+        [os.path.join(TESTS_C, "helpers.c"), os.path.join(TESTS_C, "unit_main.c")]
+        + sorted(glob.glob(os.path.join(TESTS_C, "test_*.c")))
+    )
+    stress = [os.path.join(TESTS_C, "stress.c")]
+    return core + device + common, unit, stress
+
+
+def _obj_name(src):
+    rel = os.path.splitext(os.path.relpath(src, ROOT))[0]
+    return rel.replace(os.sep, "__") + ".o"
+
+
+def _run_cc(args):
+    p = subprocess.run(CC + args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        raise RuntimeError("compiler failed:\n%s\n%s%s" % (" ".join(CC + args), p.stdout, p.stderr))
+    return p.stdout + p.stderr
+
+
+_built = {}
+
+
+def build(name):
+    """Compile the C tests for one build; returns {'unit': path, 'stress': path}."""
+    if name in _built:
+        return _built[name]
+    cfg = BUILDS[name]
+    out = os.path.join(BUILD_ROOT, name)
+    objdir = os.path.join(out, "obj")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(objdir)
+    shared, unit, stress = _sources()
+    assert any("core" in s for s in shared), "no csrc/core/*.c sources found"
+    jobs = {}
+    warnings = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for src in shared + unit + stress:
+            obj = os.path.join(objdir, _obj_name(src))
+            args = COMMON_FLAGS + cfg["cflags"] + ["-c", src, "-o", obj]
+            jobs[src] = (obj, pool.submit(_run_cc, args))
+        for src, (obj, fut) in jobs.items():
+            text = fut.result()
+            if text.strip():
+                warnings.append(text)
+    objs = {src: obj for src, (obj, _) in jobs.items()}
+    bins = {}
+    for binname, srcs in (("unit", shared + unit), ("stress", shared + stress)):
+        path = os.path.join(out, binname)
+        _run_cc(cfg["ldflags"] + [objs[s] for s in srcs] + ["-o", path, "-lpthread", "-ldl"])
+        bins[binname] = path
+    if warnings:
+        with open(os.path.join(out, "warnings.txt"), "w") as f:
+            f.write("\n".join(warnings))
+    _built[name] = bins
+    return bins
+
+
+def run_checked(build_name, argv, min_passed=1):
+    env = dict(os.environ)
+    if build_name == "sanitize":
+        env.update(SAN_ENV)
+    start = time.monotonic()
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env,
+                       stdin=subprocess.DEVNULL)
+    elapsed = time.monotonic() - start
+    out = p.stdout + p.stderr
+    tail = "\n".join(out.splitlines()[-60:])
+    where = "%s (%s build, %.1f s)" % (" ".join(os.path.relpath(a, ROOT) if a.startswith(ROOT)
+                                                 else a for a in argv), build_name, elapsed)
+    for marker in SANITIZER_MARKERS:
+        assert marker not in out, "%s: sanitizer report (%r):\n%s" % (where, marker, tail)
+    assert p.returncode == 0, "%s exited with %d:\n%s" % (where, p.returncode, tail)
+    found = CLOSING_LINE.findall(p.stdout)
+    assert found, "%s printed no 'N passed, M failed' line:\n%s" % (where, tail)
+    passed, failed = (int(x) for x in found[-1])
+    assert failed == 0, "%s: %d failed:\n%s" % (where, failed, tail)
+    assert passed >= min_passed, "%s: only %d passed, expected >= %d:\n%s" % (
+        where, passed, min_passed, tail)
+    print("%s: %d passed" % (where, passed))
+    return out
+
+
+@needs_cc
+@pytest.mark.parametrize("build_name", list(BUILDS))
+def test_c_unit(build_name):
+    bins = build(build_name)
+    run_checked(build_name, [bins["unit"]] + UNIT_ARGS[build_name], min_passed=30)
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    "build_name,args,min_passed",
+    [pytest.param(b, args, n, id="%s-%s" % (b, rid)) for b in BUILDS for rid, args, n in STRESS_RUNS[b]],
+)
+def test_c_stress(build_name, args, min_passed):
+    bins = build(build_name)
+    run_checked(build_name, [bins["stress"]] + args, min_passed=min_passed)
+
+
+# ---- the extension under AddressSanitizer ----
+
+SMOKE = textwrap.dedent(
+    r"""
+    import os, sys
+    import gpumem._C as C
+    here = os.path.realpath(os.getcwd())
+    assert os.path.realpath(C.__file__).startswith(here), C.__file__
+    print("imported", C.__file__)
+    if hasattr(C, "format_size"):
+        print(C.format_size(20 << 20))
+    if hasattr(C, "Allocator"):
+        a = C.Allocator()
+        ptrs = [a.malloc(n) for n in (1, 1000, 1 << 20, 5 << 20, 30 << 20)]
+        for p in ptrs[::2]:
+            a.free(p)
+        for name in ("stats", "segments", "check", "take_trace"):
+            if hasattr(a, name):
+                getattr(a, name)()
+        for p in ptrs[1::2]:
+            a.free(p)
+        if hasattr(a, "empty_cache"):
+            a.empty_cache()
+        if hasattr(a, "check"):
+            print("check:", a.check())
+        del a
+    print("SMOKE OK")
+    """
+)
+
+
+def _have_python_sources():
+    return bool(glob.glob(os.path.join(CSRC, "python", "*.c")))
+
+
+@needs_cc
+@pytest.mark.skipif(not _have_python_sources(), reason="csrc/python has no sources yet")
+def test_extension_under_asan(tmp_path):
+    try:
+        import setuptools  # noqa: F401
+    except ImportError:
+        pytest.skip("setuptools is not installed in this interpreter")
+    lib = tmp_path / "lib"
+    env = dict(os.environ, GM_SANITIZE="1")
+    env.pop("GM_DEBUG", None)
+    p = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(lib),
+         "--build-temp", str(tmp_path / "tmp")],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, "sanitized extension build failed:\n%s%s" % (p.stdout, p.stderr[-6000:])
+    sos = glob.glob(str(lib / "gpumem" / "_C*.so"))
+    assert sos, "no gpumem/_C*.so under %s" % lib
+    # The package's Python files next to the sanitized module, so that
+    # `import gpumem._C` finds this build and nothing else.
+    for py in glob.glob(os.path.join(ROOT, "gpumem", "*.py")):
+        shutil.copy(py, str(lib / "gpumem"))
+    init = lib / "gpumem" / "__init__.py"
+    if not init.exists():
+        init.write_text("")
+    libasan = subprocess.run(CC + ["-print-file-name=libasan.so"], capture_output=True,
+                             text=True).stdout.strip()
+    assert os.path.isabs(libasan) and os.path.exists(libasan), (
+        "the compiler does not know where libasan.so is: %r" % libasan)
+    run_env = dict(os.environ)
+    run_env.pop("PYTHONPATH", None)
+    run_env.update(
+        LD_PRELOAD=libasan,
+        ASAN_OPTIONS="detect_leaks=0",
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
+    )
+    p = subprocess.run([sys.executable, "-c", SMOKE], cwd=str(lib), capture_output=True,
+                       text=True, env=run_env, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
+    out = p.stdout + p.stderr
+    for marker in SANITIZER_MARKERS:
+        assert marker not in out, "sanitizer report in the extension smoke run:\n%s" % out[-8000:]
+    assert p.returncode == 0 and "SMOKE OK" in p.stdout, (
+        "extension smoke run failed (%d):\n%s" % (p.returncode, out[-8000:]))
