@@ -784,8 +784,16 @@ int gm_alloc_create(const gm_backend_t *be, int device, const gm_settings_t *set
     gm_tree_init(&a->large_pool.unmapped, cmp_addr);
     a->small_pool.is_small = 1;
     size_t g = 0;
-    if (be->vmm_granularity && be->vmm_granularity(be->ctx, device, &g) == GM_OK && g > 0)
+    int rc = be->vmm_granularity ? be->vmm_granularity(be->ctx, device, &g) : GM_ENOTSUP;
+    if (rc == GM_OK && g > 0) {
         a->granularity = g;
+    } else if (rc != GM_OK && rc != GM_ENOTSUP) {
+        /* A device error, not a missing feature: do not silently fall back. */
+        gm_ptrmap_free(&a->active);
+        pthread_mutex_destroy(&a->lock);
+        free(a);
+        return rc;
+    }
     a->stats.max_split_size = s.max_split_size == SIZE_MAX ? -1 : (int64_t)s.max_split_size;
     *out = a;
     return GM_OK;
@@ -829,6 +837,11 @@ void gm_alloc_destroy(gm_alloc_t *a) {
 }
 
 int gm_alloc_device(const gm_alloc_t *a) { return a->device; }
+
+const char *gm_alloc_last_error(const gm_alloc_t *a) {
+    const char *e = a->be->last_error ? a->be->last_error(a->be->ctx) : NULL;
+    return e ? e : "";
+}
 
 int gm_alloc_set_settings(gm_alloc_t *a, const gm_settings_t *s) {
     if (!s || gm_settings_validate(s, NULL, 0))

@@ -98,6 +98,7 @@ struct gm_alloc {
 
     gm_event_queue_t *queues;
     size_t n_queues, cap_queues;
+    long n_stuck_events;    /* uses that could be neither recorded nor waited for */
     uintptr_t *event_pool;  /* created events ready for reuse */
     size_t n_event_pool, cap_event_pool;
 

@@ -94,34 +94,40 @@ static void event_put(gm_alloc_t *a, uintptr_t ev) {
     a->event_pool[a->n_event_pool++] = ev;
 }
 
-/* Move the block's stream uses into recorded events. On a backend error the
- * streams not yet covered are dropped after the error is returned; the
- * caller frees the block if no event was recorded. */
+/* Record an end-of-life event for one stream use, or, if no event can be
+ * recorded or tracked, wait for the stream instead: either way the block is
+ * never reused while that stream may still touch it. */
+static int insert_event(gm_alloc_t *a, gm_block_t *b, uintptr_t stream) {
+    uintptr_t ev = 0;
+    gm_event_queue_t *q = queue_for(a, stream);
+    int rc = q ? event_get(a, &ev) : GM_ENOMEM;
+    if (rc == GM_OK) {
+        rc = a->be->event_record(a->be->ctx, a->device, ev, stream);
+        if (rc == GM_OK && (rc = queue_push(q, ev, b)) == GM_OK) {
+            b->event_count++;
+            return GM_OK;
+        }
+        event_put(a, ev);
+    }
+    return a->be->stream_synchronize(a->be->ctx, a->device, stream);
+}
+
+/* Move the block's stream uses into recorded events. A use that could be
+ * neither recorded nor waited for leaves the block pending forever (its
+ * memory is lost, never reused unsafely) and the error is returned. */
 int gm_insert_events_unlocked(gm_alloc_t *a, gm_block_t *b) {
-    int rc = GM_OK;
-    for (uint32_t i = 0; i < b->n_uses && rc == GM_OK; i++) {
-        uintptr_t ev = 0;
-        gm_event_queue_t *q = queue_for(a, b->uses[i]);
-        if (!q) {
-            rc = GM_ENOMEM;
-            break;
+    int first = GM_OK;
+    for (uint32_t i = 0; i < b->n_uses; i++) {
+        int rc = insert_event(a, b, b->uses[i]);
+        if (rc != GM_OK) {
+            if (first == GM_OK)
+                first = rc;
+            b->event_count++; /* never completes: see above */
+            a->n_stuck_events++;
         }
-        if ((rc = event_get(a, &ev)))
-            break;
-        if ((rc = a->be->event_record(a->be->ctx, a->device, ev, b->uses[i]))) {
-            event_put(a, ev);
-            break;
-        }
-        if ((rc = queue_push(q, ev, b))) {
-            /* Cannot track it: wait for it now instead. */
-            a->be->event_synchronize(a->be->ctx, a->device, ev);
-            event_put(a, ev);
-            break;
-        }
-        b->event_count++;
     }
     b->n_uses = 0;
-    return rc;
+    return first;
 }
 
 static void event_done(gm_alloc_t *a, gm_event_item_t *it, uint32_t ctx) {

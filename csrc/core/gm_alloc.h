@@ -117,6 +117,8 @@ int gm_alloc_create(const gm_backend_t *backend, int device, const gm_settings_t
 void gm_alloc_destroy(gm_alloc_t *a);
 
 int gm_alloc_device(const gm_alloc_t *a);
+/* The backend's text for the last device error on this thread ("" if none). */
+const char *gm_alloc_last_error(const gm_alloc_t *a);
 
 int gm_alloc_malloc(gm_alloc_t *a, size_t size, uintptr_t stream, uint32_t ctx,
                     uintptr_t *out_ptr, gm_oom_info_t *oom /* may be NULL */);

@@ -239,7 +239,7 @@ int gm_alloc_check_unlocked(gm_alloc_t *a, char *msg, size_t msglen) {
     long queued = 0;
     for (size_t i = 0; i < a->n_queues; i++)
         queued += (long)a->queues[i].len;
-    if (queued != events)
+    if (queued + a->n_stuck_events != events)
         violation(&c, "queued events disagree with block event counts", NULL);
     /* Segments must not overlap. */
     size_t nheads = 0;

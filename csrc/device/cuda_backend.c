@@ -85,6 +85,8 @@ struct gm_cuda {
     CUcontext primary[GM_CUDA_MAX_DEVICES];   /* protected by: lock */
     int vmm[GM_CUDA_MAX_DEVICES];             /* protected by: lock; -1 unknown */
     gm_ptrmap_t handles;                      /* granule va -> handle; protected by: lock */
+    CUmemGenericAllocationHandle unreleased[64]; /* releases to retry; protected by: lock */
+    int n_unreleased;                         /* protected by: lock */
 };
 
 static _Thread_local int tls_result;
@@ -285,10 +287,12 @@ int gm_cuda_vmm_supported(gm_cuda_t *c, int device) {
         return known;
     CUdevice dev;
     int v = 0;
-    if (c->p_cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
-        c->p_cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                  dev) != CUDA_SUCCESS)
-        v = 0;
+    CUresult r = c->p_cuDeviceGet(&dev, device);
+    if (r != CUDA_SUCCESS)
+        return fail(c, "cuDeviceGet", r);
+    r = c->p_cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+    if (r != CUDA_SUCCESS)
+        return fail(c, "cuDeviceGetAttribute", r); /* an error is not "unsupported" */
     pthread_mutex_lock(&c->lock);
     c->vmm[device] = v ? 1 : 0;
     pthread_mutex_unlock(&c->lock);
@@ -310,7 +314,10 @@ static int do_granularity(gm_cuda_t *c, int device, size_t *out) {
 
 static int cu_vmm_granularity(void *ctx, int device, size_t *out) {
     gm_cuda_t *c = ctx;
-    if (!gm_cuda_vmm_supported(c, device)) {
+    int supported = gm_cuda_vmm_supported(c, device);
+    if (supported < 0)
+        return supported;
+    if (!supported) {
         tls_result = CUDA_ERROR_NOT_SUPPORTED;
         snprintf(tls_error, sizeof tls_error,
                  "device %d does not support virtual memory management", device);
@@ -338,10 +345,36 @@ static int cu_va_free(void *ctx, int device, uintptr_t va, size_t size) {
     IN_CTX(c, device, ok_or(c, c->p_cuMemAddressFree((CUdeviceptr)va, size), "cuMemAddressFree"));
 }
 
+/* Release a physical handle; a handle the driver would not release is kept
+ * and retried by later map/unmap calls, so a transient error leaks nothing. */
+static int release_handle(gm_cuda_t *c, CUmemGenericAllocationHandle h) {
+    CUresult r = c->p_cuMemRelease(h);
+    if (r == CUDA_SUCCESS)
+        return GM_OK;
+    int rc = fail(c, "cuMemRelease", r);
+    pthread_mutex_lock(&c->lock);
+    if (c->n_unreleased < (int)(sizeof c->unreleased / sizeof c->unreleased[0]))
+        c->unreleased[c->n_unreleased++] = h;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+static void retry_releases(gm_cuda_t *c) {
+    pthread_mutex_lock(&c->lock);
+    for (int i = 0; i < c->n_unreleased;) {
+        if (c->p_cuMemRelease(c->unreleased[i]) == CUDA_SUCCESS)
+            c->unreleased[i] = c->unreleased[--c->n_unreleased];
+        else
+            i++;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* Unmap and release granules [va, va + n*g); keeps going after an error so
  * nothing leaks, and returns the first error. */
 static int unmap_granules(gm_cuda_t *c, uintptr_t va, size_t n, size_t g) {
     int first = GM_OK;
+    retry_releases(c);
     for (size_t i = 0; i < n; i++) {
         uintptr_t at = va + i * g, h = 0;
         CUresult r = c->p_cuMemUnmap((CUdeviceptr)at, g);
@@ -351,11 +384,12 @@ static int unmap_granules(gm_cuda_t *c, uintptr_t va, size_t n, size_t g) {
         int found = gm_ptrmap_del(&c->handles, at, &h);
         pthread_mutex_unlock(&c->lock);
         if (found) {
-            r = c->p_cuMemRelease((CUmemGenericAllocationHandle)h);
-            if (r != CUDA_SUCCESS && first == GM_OK)
-                first = fail(c, "cuMemRelease", r);
+            int rc = release_handle(c, (CUmemGenericAllocationHandle)h);
+            if (rc != GM_OK && first == GM_OK)
+                first = rc;
         }
     }
+    retry_releases(c);
     return first;
 }
 
@@ -369,6 +403,7 @@ static int do_map(gm_cuda_t *c, int device, uintptr_t va, size_t size) {
         snprintf(tls_error, sizeof tls_error, "map of a range not aligned to the granularity");
         return GM_EINVAL;
     }
+    retry_releases(c);
     CUmemAllocationProp prop;
     fill_prop(&prop, device);
     size_t n = size / g, done = 0;
@@ -383,7 +418,7 @@ static int do_map(gm_cuda_t *c, int device, uintptr_t va, size_t size) {
         r = c->p_cuMemMap((CUdeviceptr)at, g, 0, h, 0);
         if (r != CUDA_SUCCESS) {
             rc = fail(c, "cuMemMap", r);
-            c->p_cuMemRelease(h);
+            release_handle(c, h);
             break;
         }
         pthread_mutex_lock(&c->lock);
@@ -391,7 +426,7 @@ static int do_map(gm_cuda_t *c, int device, uintptr_t va, size_t size) {
         pthread_mutex_unlock(&c->lock);
         if (prc) {
             c->p_cuMemUnmap((CUdeviceptr)at, g);
-            c->p_cuMemRelease(h);
+            release_handle(c, h);
             rc = prc;
             break;
         }
@@ -477,11 +512,14 @@ int gm_cuda_open(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
     DRIVER_FUNCS(X)
 #undef X
     CUresult r = c->p_cuInit(0);
+    const char *step = "cuInit";
     int n = 0;
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        step = "cuDeviceGetCount";
         r = c->p_cuDeviceGetCount(&n);
+    }
     if (r != CUDA_SUCCESS) {
-        fail(c, "cuInit", r);
+        fail(c, step, r);
         snprintf(err, errlen, "the CUDA driver (%s) did not initialise: %s", path, tls_error);
         gm_ptrmap_free(&c->handles);
         free(c);
@@ -516,6 +554,7 @@ int gm_cuda_open(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
 void gm_cuda_close(gm_cuda_t *c) {
     if (!c)
         return;
+    retry_releases(c);
     for (int i = 0; i < c->n_devices; i++) {
         if (!c->primary[i])
             continue;

@@ -32,7 +32,8 @@ int gm_cuda_device_count(gm_cuda_t *c, int *count);
 const char *gm_cuda_path(const gm_cuda_t *c);
 /* CUresult of the calling thread's last failed driver call (0 if none). */
 int gm_cuda_last_result(void);
-/* 1 if the device supports virtual memory management (expandable segments). */
+/* 1 if the device supports virtual memory management (expandable segments),
+ * 0 if not, or a negative GM_E* code if the driver could not be asked. */
 int gm_cuda_vmm_supported(gm_cuda_t *c, int device);
 
 #ifdef __cplusplus

@@ -453,6 +453,8 @@ static int sim_unmap(void *ctx, int device, uintptr_t va, size_t size) {
     LEAVE(s, GM_OK);
 }
 
+/* Event completion is controlled by the test (event_mode), so waiting for a
+ * stream completes nothing here; the simulated device has no work queued. */
 static int sim_stream_synchronize(void *ctx, int device, uintptr_t stream) { return GM_OK; }
 
 static const char *sim_last_error(void *ctx) { return ((gm_sim_t *)ctx)->last_error; }
