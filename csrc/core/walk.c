@@ -89,7 +89,7 @@ int gm_alloc_walk(gm_alloc_t *a, gm_segment_fn fn, void *arg) {
             bi->size = b->size;
             bi->requested_size = b->requested_size;
             bi->state = block_state(b);
-            bi->ctx = b->allocated ? b->ctx : 0;
+            bi->ctx = b->ctx; /* kept until the free completes, as torch does */
             seg.total_size += b->size;
             if (b->allocated)
                 seg.allocated_size += b->size;

@@ -345,7 +345,8 @@ PyMODINIT_FUNC PyInit__C(void) {
         "The device (or the memory limit) could not satisfy an allocation.", PyExc_MemoryError,
         NULL);
     if (!gm_py_oom_error || PyModule_AddObjectRef(m, "OutOfMemoryError", gm_py_oom_error) < 0 ||
-        gm_py_allocator_register(m) < 0 ||
+        gm_py_allocator_register(m) < 0 || gm_py_hist_capture_init(m) < 0 ||
+        gm_py_hist_snapshot_init(m) < 0 ||
         PyModule_AddIntConstant(m, "MIN_BLOCK_SIZE", (long)GM_MIN_BLOCK_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SMALL_SIZE", (long)GM_SMALL_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SMALL_BUFFER", (long)GM_SMALL_BUFFER) < 0 ||

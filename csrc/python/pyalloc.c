@@ -15,6 +15,7 @@
 #include "../core/ptrmap.h"
 #include "../device/cuda_backend.h"
 #include "../device/sim.h"
+#include "../history/hist.h"
 #include "pyutil.h"
 
 typedef struct trace_ev {
@@ -124,8 +125,8 @@ static int init_cuda(AllocatorObject *self, PyObject *settings, int device, cons
     }
     self->device = device;
     pthread_mutex_init(&self->trace_lock, NULL);
-    if (record_trace)
-        gm_alloc_set_trace_hook(self->alloc, trace_hook, self);
+    /* Registered for memory history; record_trace chains behind it. */
+    gm_hist_attach(self->alloc, record_trace ? trace_hook : NULL, self);
     if (s.expandable_segments && !gm_alloc_expandable_active(self->alloc) && !g_vmm_warned) {
         g_vmm_warned = 1;
         if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
@@ -198,13 +199,14 @@ static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwarg
     }
     self->device = device;
     pthread_mutex_init(&self->trace_lock, NULL);
-    if (record_trace)
-        gm_alloc_set_trace_hook(self->alloc, trace_hook, self);
+    /* Registered for memory history; record_trace chains behind it. */
+    gm_hist_attach(self->alloc, record_trace ? trace_hook : NULL, self);
     return 0;
 }
 
 static void Allocator_dealloc(AllocatorObject *self) {
     if (self->alloc) {
+        gm_hist_detach(self->alloc);
         gm_alloc_destroy(self->alloc);
         if (self->sim)
             gm_sim_destroy(self->sim);
@@ -232,10 +234,24 @@ static void Allocator_dealloc(AllocatorObject *self) {
         }                                                                      \
     } while (0)
 
-static PyObject *ptr_error(int rc, unsigned long long ptr) {
-    char detail[64];
-    snprintf(detail, sizeof detail, "0x%llx", ptr);
+/* Raise for rc; device errors carry the backend's text (the driver call,
+ * its CUresult name and string). */
+static PyObject *alloc_error(AllocatorObject *self, int rc, const char *what) {
+    char detail[512];
+    const char *dev = (rc == GM_EDEVICE || rc == GM_ENOTSUP || rc == GM_ESTATE)
+                          ? gm_alloc_last_error(self->alloc)
+                          : "";
+    if (what && dev[0])
+        snprintf(detail, sizeof detail, "%s (%s)", dev, what);
+    else
+        snprintf(detail, sizeof detail, "%s", dev[0] ? dev : (what ? what : ""));
     return gm_py_raise(rc, detail);
+}
+
+static PyObject *ptr_error(AllocatorObject *self, int rc, unsigned long long ptr) {
+    char what[64];
+    snprintf(what, sizeof what, "pointer 0x%llx", ptr);
+    return alloc_error(self, rc, what);
 }
 
 static PyObject *Allocator_malloc(AllocatorObject *self, PyObject *args, PyObject *kwargs) {
@@ -248,13 +264,16 @@ static PyObject *Allocator_malloc(AllocatorObject *self, PyObject *args, PyObjec
         return NULL;
     if (size < 0)
         return gm_py_raise(GM_EINVAL, "size must be >= 0");
+    /* Stack captured before the allocator lock (torch: level STATE). */
+    if (!ctx)
+        ctx = gm_hist_capture(GM_HIST_CTX_STATE);
     uintptr_t ptr = 0;
     gm_oom_info_t oom;
     int rc = gm_alloc_malloc(self->alloc, (size_t)size, (uintptr_t)stream, ctx, &ptr, &oom);
     if (rc == GM_EOOM)
         return gm_py_raise_oom(self->device, &oom);
     if (rc)
-        return gm_py_raise(rc, NULL);
+        return alloc_error(self, rc, NULL);
     return PyLong_FromUnsignedLongLong(ptr);
 }
 
@@ -265,9 +284,13 @@ static PyObject *Allocator_free(AllocatorObject *self, PyObject *args, PyObject 
     READY(self);
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "K|I", kwlist, &ptr, &ctx))
         return NULL;
+    /* Free sites are captured only at context level ALL; 0 makes the core
+     * fall back to the allocation's own context. */
+    if (!ctx)
+        ctx = gm_hist_capture(GM_HIST_CTX_ALL);
     int rc = gm_alloc_free(self->alloc, (uintptr_t)ptr, ctx);
     if (rc)
-        return ptr_error(rc, ptr);
+        return ptr_error(self, rc, ptr);
     Py_RETURN_NONE;
 }
 
@@ -278,7 +301,7 @@ static PyObject *Allocator_record_stream(AllocatorObject *self, PyObject *args) 
         return NULL;
     int rc = gm_alloc_record_stream(self->alloc, (uintptr_t)ptr, (uintptr_t)stream);
     if (rc)
-        return ptr_error(rc, ptr);
+        return ptr_error(self, rc, ptr);
     Py_RETURN_NONE;
 }
 
@@ -291,23 +314,23 @@ static PyObject *Allocator_block_size(AllocatorObject *self, PyObject *arg) {
     uintptr_t stream = 0;
     int rc = gm_alloc_block_size(self->alloc, (uintptr_t)ptr, &size, &req, &stream);
     if (rc)
-        return ptr_error(rc, ptr);
+        return ptr_error(self, rc, ptr);
     return Py_BuildValue("(nnK)", (Py_ssize_t)size, (Py_ssize_t)req, (unsigned long long)stream);
 }
 
 static PyObject *Allocator_empty_cache(AllocatorObject *self, PyObject *unused) {
     READY(self);
-    int rc = gm_alloc_empty_cache(self->alloc, 0);
+    int rc = gm_alloc_empty_cache(self->alloc, gm_hist_capture(GM_HIST_CTX_ALL));
     if (rc)
-        return gm_py_raise(rc, NULL);
+        return alloc_error(self, rc, NULL);
     Py_RETURN_NONE;
 }
 
 static PyObject *Allocator_process_events(AllocatorObject *self, PyObject *unused) {
     READY(self);
-    int rc = gm_alloc_process_events(self->alloc, 0);
+    int rc = gm_alloc_process_events(self->alloc, gm_hist_capture(GM_HIST_CTX_ALL));
     if (rc)
-        return gm_py_raise(rc, NULL);
+        return alloc_error(self, rc, NULL);
     Py_RETURN_NONE;
 }
 
@@ -318,7 +341,7 @@ static PyObject *Allocator_set_memory_fraction(AllocatorObject *self, PyObject *
         return NULL;
     int rc = gm_alloc_set_memory_fraction(self->alloc, f);
     if (rc)
-        return gm_py_raise(rc, "fraction must be between 0 and 1");
+        return alloc_error(self, rc, rc == GM_EINVAL ? "fraction must be between 0 and 1" : NULL);
     Py_RETURN_NONE;
 }
 
@@ -554,6 +577,20 @@ static PyTypeObject AllocatorType = {
     .tp_dealloc = (destructor)Allocator_dealloc,
     .tp_methods = Allocator_methods,
 };
+
+/* The core allocator behind a gpumem._C.Allocator (borrowed), or NULL with
+ * an exception set. */
+gm_alloc_t *gm_py_allocator_core(PyObject *obj) {
+    if (!PyObject_TypeCheck(obj, &AllocatorType)) {
+        PyErr_Format(PyExc_TypeError, "expected a gpumem._C.Allocator, not %.80s",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    AllocatorObject *self = (AllocatorObject *)obj;
+    if (!self->alloc)
+        PyErr_SetString(PyExc_RuntimeError, "Allocator is not initialised");
+    return self->alloc;
+}
 
 PyObject *gm_py_cuda_open(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"path", NULL};

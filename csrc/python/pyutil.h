@@ -27,6 +27,15 @@ PyObject *gm_py_stats_dict(const gm_stats_t *st);
 PyObject *gm_py_segments(gm_alloc_t *a);
 
 int gm_py_allocator_register(PyObject *module);
+/* The core allocator of a gpumem._C.Allocator (borrowed); NULL + exception. */
+gm_alloc_t *gm_py_allocator_core(PyObject *obj);
+
+/* Memory history (hist_capture.c, hist_snapshot.c; see ../history/hist.h).
+ * gm_hist_capture: call before the allocator lock; returns a traceback id
+ * for an operation at context level `level` (GM_HIST_CTX_*), 0 when none. */
+uint32_t gm_hist_capture(int level);
+int gm_py_hist_capture_init(PyObject *module);
+int gm_py_hist_snapshot_init(PyObject *module);
 PyObject *gm_py_replay(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *gm_py_cuda_open(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *gm_py_cuda_last_result(PyObject *self, PyObject *unused);

@@ -1,0 +1,84 @@
+/*
+ * cframes.c - C return addresses for stacks='all': capture with glibc's
+ * backtrace(), symbolize lazily (at snapshot time) with dladdr.
+ *
+ * Capture stores raw addresses only; symbolization happens once per unique
+ * address per snapshot. C++ names are demangled with __cxa_demangle when the
+ * process already has it (libstdc++ loaded, as it is under torch); this file
+ * never links C++ itself.
+ * Must not: allocate Python objects or take locks other than libc's.
+ */
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hist.h"
+
+typedef char *(*demangle_fn)(const char *, char *, size_t *, int *);
+
+static pthread_once_t warm_once = PTHREAD_ONCE_INIT;
+static demangle_fn demangle; /* immutable after warm_once */
+
+static void warm(void) {
+    void *tmp[2];
+    backtrace(tmp, 2); /* loads the unwinder now, not under a lock later */
+    demangle = (demangle_fn)dlsym(RTLD_DEFAULT, "__cxa_demangle");
+}
+
+void gm_cframes_warmup(void) { pthread_once(&warm_once, warm); }
+
+int gm_cframes_capture(uintptr_t *out, int max, int skip) {
+    enum { CAP = 256 };
+    void *buf[CAP];
+    gm_cframes_warmup();
+    int want = max + skip + 1; /* +1: this function */
+    if (want > CAP)
+        want = CAP;
+    int n = backtrace(buf, want);
+    int first = skip + 1, k = 0;
+    for (int i = first; i < n && k < max; i++)
+        out[k++] = (uintptr_t)buf[i];
+    return k;
+}
+
+static void copy_str(char *dst, size_t n, const char *src) {
+    if (!n)
+        return;
+    size_t len = strlen(src);
+    if (len >= n)
+        len = n - 1;
+    memcpy(dst, src, len);
+    dst[len] = 0;
+}
+
+int gm_cframes_symbolize(uintptr_t addr, char *name, size_t nlen, char *file, size_t flen) {
+    gm_cframes_warmup();
+    Dl_info info;
+    memset(&info, 0, sizeof info);
+    /* A return address points after the call; addr - 1 is inside it. */
+    int found = addr && dladdr((void *)(addr - 1), &info);
+    copy_str(file, flen, found && info.dli_fname ? info.dli_fname : "??");
+    if (!found || !info.dli_sname) {
+        unsigned long off = found ? (unsigned long)(addr - (uintptr_t)info.dli_fbase) : addr;
+        snprintf(name, nlen, "?? (+0x%lx)", off);
+        return 0;
+    }
+    const char *sym = info.dli_sname;
+    char *dem = NULL;
+    if (demangle && sym[0] == '_' && sym[1] == 'Z') {
+        int status = -1;
+        dem = demangle(sym, NULL, NULL, &status);
+        if (status != 0) {
+            free(dem);
+            dem = NULL;
+        }
+    }
+    copy_str(name, nlen, dem ? dem : sym);
+    free(dem);
+    /* CPython's eval loop: _PyEval_EvalFrameDefault (3.10-3.13) and its
+     * relatives. One Python frame is spliced in per such C frame. */
+    return strstr(sym, "PyEval_EvalFrame") != NULL;
+}

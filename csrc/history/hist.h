@@ -1,0 +1,153 @@
+/*
+ * hist.h - memory history: what is recorded (configuration), where events
+ * go (one bounded ring per device, fed by the core's trace hook), which
+ * allocators are recorded (the registry), and the locked half of a snapshot
+ * (a plain-C copy of segments, blocks and rings).
+ *
+ * Pure C: no <Python.h>. Frame capture and the Python dicts live in
+ * csrc/python/hist_*.c; interned tracebacks live in intern.h. Events and
+ * blocks carry only interned ids (uint32_t), never object pointers, so
+ * nothing is ever released under an allocator lock.
+ *
+ * Lock order (Note [History locks] in recorder.c):
+ *   GIL -> registry lock -> allocator lock -> ring lock.
+ * The intern lock is a leaf and is never held across any other lock.
+ */
+#ifndef GM_HISTORY_HIST_H
+#define GM_HISTORY_HIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/gm_alloc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GM_HIST_MAX_DEVICES 64
+
+/* enabled= */
+enum { GM_HIST_OFF = 0, GM_HIST_STATE = 1, GM_HIST_ALL = 2 };
+/* context= ; the levels are torch's RecordContext (NEVER, STATE, ALLOC, ALL) */
+enum { GM_HIST_CTX_NEVER = 0, GM_HIST_CTX_STATE = 1, GM_HIST_CTX_ALLOC = 2, GM_HIST_CTX_ALL = 3 };
+
+/* One recorded event. `addr` holds device_free for GM_ACT_OOM; `size`
+ * has torch's meaning per action (the core emits torch's values). */
+typedef struct gm_hist_event {
+    uint64_t addr;
+    uint64_t size;
+    uint64_t stream;
+    uint64_t time_us; /* microseconds since the Unix epoch */
+    uint32_t tb;      /* interned traceback id; 0 = no frames attached */
+    uint32_t meta;    /* interned user_metadata string id; 0 = "" */
+    uint8_t action;   /* gm_action_t */
+} gm_hist_event_t;
+
+typedef struct gm_hist_config {
+    int enabled;          /* GM_HIST_OFF / _STATE / _ALL */
+    int context;          /* GM_HIST_CTX_* */
+    int stacks_all;       /* 1: also capture C return addresses */
+    uint64_t max_entries; /* ring bound; forced to 1 by GM_HIST_STATE; 0 reads as 1 */
+    int clear_history;    /* clear the rings when enabling */
+    uint32_t skip_mask;   /* bit (1 << action) set: that action is not recorded */
+} gm_hist_config_t;
+
+/* Apply a configuration to every device. Turning recording off clears the
+ * rings and removes the hook from every registered allocator (recording
+ * costs nothing while off). Call with no allocator lock held. */
+int gm_hist_configure(const gm_hist_config_t *cfg);
+void gm_hist_get_config(gm_hist_config_t *out);
+
+/* The context level stack capture should honour right now: the configured
+ * level while recording, GM_HIST_CTX_NEVER while off. Lock-free. */
+int gm_hist_context_level(void);
+int gm_hist_stacks_all(void);
+
+/* Register allocator `a` for its device (gm_alloc_device). A later
+ * allocator on the same device takes the slot over: the earlier one stops
+ * being recorded and that device's ring is cleared. `chain`, if not NULL, is
+ * a trace hook that keeps receiving every event of `a` (history owns the
+ * core's single hook slot from now on). Returns GM_EINVAL for a device
+ * outside [0, GM_HIST_MAX_DEVICES) (the chain hook is installed anyway). */
+int gm_hist_attach(gm_alloc_t *a, gm_trace_fn chain, void *chain_arg);
+/* Unregister `a` (no-op if it is not registered); call before
+ * gm_alloc_destroy. The device's history goes with its allocator: its ring
+ * is cleared, so traces never outlive the segments they describe. */
+void gm_hist_detach(gm_alloc_t *a);
+
+/* Per-thread user_metadata string id (see intern.h for the strings). */
+void gm_hist_set_thread_metadata(uint32_t id);
+uint32_t gm_hist_thread_metadata(void);
+
+/* ---- the locked half of a snapshot ---- */
+typedef struct gm_hist_block {
+    uint64_t address, size, requested_size;
+    uint32_t ctx; /* traceback of the live allocation, 0 = none */
+    uint8_t state; /* GM_BLOCK_* */
+} gm_hist_block_t;
+
+typedef struct gm_hist_segment {
+    int device;
+    uint64_t address, total_size, allocated_size, active_size, requested_size, stream;
+    uint32_t ctx; /* traceback of the malloc that created the segment */
+    uint8_t is_small, is_expandable;
+    size_t first_block, nblocks; /* range in gm_hist_copy_t.blocks */
+} gm_hist_segment_t;
+
+typedef struct gm_hist_copy {
+    size_t nseg;
+    gm_hist_segment_t *segs; /* by device, then address */
+    size_t nblocks;
+    gm_hist_block_t *blocks;
+    int ndev;                /* device_traces has this many lists */
+    size_t nev[GM_HIST_MAX_DEVICES];
+    gm_hist_event_t *ev[GM_HIST_MAX_DEVICES]; /* oldest first */
+    int has_settings;
+    gm_settings_t settings;  /* of the registered allocator on the lowest device */
+} gm_hist_copy_t;
+
+/* Copy every registered allocator's segments and its device's ring, each
+ * device consistently (the ring is copied under the same allocator lock as
+ * the segment walk), then record a `snapshot` marker per recorded device
+ * (after the copy, as torch does). Call with no lock held; the GIL may be
+ * released. 0 or GM_ENOMEM. */
+int gm_hist_copy(gm_hist_copy_t *out);
+void gm_hist_copy_free(gm_hist_copy_t *c);
+
+/* Bytes held by the rings (allocated chunks and their index). */
+size_t gm_hist_ring_bytes(void);
+
+/* ---- C return addresses (cframes.c) ---- */
+/* Fill out[] with up to max return addresses of the caller's stack,
+ * innermost first, after skipping `skip` innermost frames. */
+int gm_cframes_capture(uintptr_t *out, int max, int skip);
+/* Load the unwinder now (its first use may dlopen libgcc_s). */
+void gm_cframes_warmup(void);
+/* Symbolize one return address with dladdr, demangling C++ names when the
+ * process has __cxa_demangle. Returns 1 if the function is CPython's eval
+ * loop (where a Python frame is spliced in), else 0. */
+int gm_cframes_symbolize(uintptr_t addr, char *name, size_t nlen, char *file, size_t flen);
+
+/* ---- entry points for the torch shim (also reachable through the
+ * capsule gpumem._C._hist_api, for code outside this extension) ---- */
+#define GM_HIST_API_VERSION 1
+typedef struct gm_hist_api {
+    int version;
+    /* Capture the calling thread's stack for an operation at `level`
+     * (GM_HIST_CTX_STATE for malloc, _ALL for free and empty_cache) and
+     * return its traceback id, 0 when nothing is captured. Call BEFORE
+     * taking any allocator lock, with or without the GIL: it takes the GIL
+     * only if the thread has a Python thread state and the interpreter is
+     * not finalizing, and never blocks otherwise. */
+    uint32_t (*capture)(int level);
+    int (*attach)(gm_alloc_t *a, gm_trace_fn chain, void *chain_arg);
+    void (*detach)(gm_alloc_t *a);
+    int (*context_level)(void);
+    void (*set_thread_metadata)(uint32_t id);
+} gm_hist_api_t;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_HISTORY_HIST_H */

@@ -1,0 +1,327 @@
+/*
+ * hist_capture.c - the calling thread's stack as an interned traceback id.
+ *
+ * gm_hist_capture(level) is called BEFORE any allocator lock is taken. It
+ * returns 0 at once unless recording is on at a context level >= `level`.
+ * Python frames are read through the public C API only (3.10-3.13):
+ * PyEval_GetFrame, PyFrame_GetCode, PyFrame_GetBack, and PyFrame_GetLasti
+ * (3.11+) or PyFrame_GetLineNumber (3.10). Only (code object, location)
+ * pairs are stored; names and lines are resolved at snapshot time. An
+ * identical stack costs one hash lookup (intern.c).
+ *
+ * Note [Capture and the GIL]
+ * Rationale: allocations come from threads in every state: Python threads
+ *   holding the GIL, Python threads that released it around a C call, C++
+ *   threads with no Python state (autograd), and threads racing interpreter
+ *   shutdown. Capture must not deadlock or kill any of them.
+ * Approach: nothing Python is touched unless Py_IsInitialized() (it turns
+ *   false as soon as finalization starts). A thread whose PyGILState thread
+ *   state is NULL captures no Python frames and never touches the GIL. A
+ *   thread that holds the GIL walks its frames directly. A thread with a
+ *   thread state but without the GIL takes it with PyGILState_Ensure, but
+ *   only until the interpreter starts exiting (an atexit hook sets our flag
+ *   before CPython sets its own; 3.13+ also checks Py_IsFinalizing). No
+ *   allocator lock is held here, so waiting for the GIL cannot deadlock
+ *   with the allocator.
+ * Limitations: a daemon thread that passes the check just before another
+ *   thread starts finalizing can still be stopped by CPython inside
+ *   PyGILState_Ensure (as in torch). Sub-interpreters are not supported:
+ *   PyGILState_Check is unreliable once one exists.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "../history/hist.h"
+#include "../history/intern.h"
+#include "pyutil.h"
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h> /* PyFrame_GetBack is declared here before 3.11 */
+#endif
+
+#define PY_STACK_INLINE 128
+#define C_STACK_MAX 96
+
+static atomic_int exiting; /* set once by the atexit hook; protected by: atomic access */
+
+static void retain_code(uintptr_t code) { Py_INCREF((PyObject *)code); }
+
+/* May this thread wait for the GIL? Not once the interpreter is exiting:
+ * CPython may then stop a thread that waits for it. */
+static int may_take_gil(void) {
+    if (atomic_load_explicit(&exiting, memory_order_relaxed))
+        return 0;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (Py_IsFinalizing())
+        return 0;
+#endif
+    return 1;
+}
+
+/* Walk the current thread's frames, innermost first. The caller holds the
+ * GIL. *buf starts as an inline buffer of *cap entries; it is replaced by a
+ * heap one if the stack is deeper. Returns the number of frames. */
+static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inline_buf) {
+    uint32_t n = 0;
+    PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+    Py_XINCREF(f);
+    while (f) {
+        if (n == *cap) {
+            size_t ncap = *cap * 2;
+            gm_rawframe_t *nb = malloc(ncap * sizeof *nb);
+            if (!nb || n >= UINT32_MAX / 2) {
+                free(nb);
+                Py_DECREF(f);
+                break; /* keep the innermost frames we have */
+            }
+            memcpy(nb, *buf, n * sizeof *nb);
+            if (*buf != inline_buf)
+                free(*buf);
+            *buf = nb;
+            *cap = ncap;
+        }
+        PyCodeObject *co = PyFrame_GetCode(f); /* new reference */
+        gm_rawframe_t *r = &(*buf)[n++];
+        r->code = (uintptr_t)co;
+#if PY_VERSION_HEX >= 0x030B0000
+        r->loc = PyFrame_GetLasti(f);
+        r->kind = GM_LOC_LASTI;
+#else
+        r->loc = PyFrame_GetLineNumber(f);
+        r->kind = GM_LOC_LINE;
+#endif
+        /* The executing frame keeps its code alive for the whole walk, and
+         * the intern table takes its own reference when it keeps one. */
+        Py_DECREF(co);
+        PyFrameObject *back = PyFrame_GetBack(f); /* new reference or NULL */
+        Py_DECREF(f);
+        f = back;
+    }
+    return n;
+}
+
+uint32_t gm_hist_capture(int level) {
+    if (level <= GM_HIST_CTX_NEVER || gm_hist_context_level() < level)
+        return 0;
+    uintptr_t cbuf[C_STACK_MAX];
+    uint32_t nc = 0;
+    if (gm_hist_stacks_all())
+        nc = (uint32_t)gm_cframes_capture(cbuf, C_STACK_MAX, 0);
+
+    int have_gil = 0, ensured = 0;
+    PyGILState_STATE gs = PyGILState_UNLOCKED;
+    /* Py_IsInitialized first: it turns false as finalization starts, and
+     * the PyGILState calls are only valid while it is true. */
+    if (Py_IsInitialized() && PyGILState_GetThisThreadState() != NULL) {
+        if (PyGILState_Check()) {
+            have_gil = 1; /* walking our own frames never waits */
+        } else if (may_take_gil()) {
+            gs = PyGILState_Ensure();
+            ensured = have_gil = 1;
+        }
+    }
+    uint32_t id;
+    if (have_gil) {
+        gm_rawframe_t inline_buf[PY_STACK_INLINE];
+        gm_rawframe_t *py = inline_buf;
+        size_t cap = PY_STACK_INLINE;
+        uint32_t npy = walk_frames(&py, &cap, inline_buf);
+        /* Interned with the GIL held: new code objects get retained. */
+        id = gm_intern_traceback(py, npy, cbuf, nc);
+        if (py != inline_buf)
+            free(py);
+    } else {
+        id = gm_intern_traceback(NULL, 0, cbuf, nc);
+    }
+    if (ensured)
+        PyGILState_Release(gs);
+    return id;
+}
+
+/* ------------------------------------------------------ Python helpers */
+
+static PyObject *mark_exiting(PyObject *self, PyObject *unused) {
+    atomic_store(&exiting, 1);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef exit_def = {"_hist_atexit", mark_exiting, METH_NOARGS,
+                               "Stop taking the GIL for stack capture (interpreter exit)."};
+
+/* _C._hist_capture(level) -> traceback id of the caller's stack. */
+static PyObject *py_capture(PyObject *self, PyObject *arg) {
+    long level = PyLong_AsLong(arg);
+    if (level == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromUnsignedLong(gm_hist_capture((int)level));
+}
+
+/* _C._hist_capture_without_gil(level) -> id: capture from this Python
+ * thread after releasing the GIL (the PyGILState_Ensure path). */
+static PyObject *py_capture_without_gil(PyObject *self, PyObject *arg) {
+    long level = PyLong_AsLong(arg);
+    if (level == -1 && PyErr_Occurred())
+        return NULL;
+    uint32_t id;
+    Py_BEGIN_ALLOW_THREADS
+    id = gm_hist_capture((int)level);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLong(id);
+}
+
+typedef struct c_thread_job {
+    gm_alloc_t *alloc;
+    size_t size;
+    uintptr_t stream;
+    long n, keep;
+    uintptr_t *ptrs;
+    int rc;
+} c_thread_job_t;
+
+/* A thread with no Python thread state, like autograd's: it captures (C
+ * frames only, if any) and allocates the way the torch shim will. */
+static void *c_thread_main(void *arg) {
+    c_thread_job_t *j = arg;
+    for (long i = 0; i < j->n && j->rc == GM_OK; i++)
+        j->rc = gm_alloc_malloc(j->alloc, j->size, j->stream, gm_hist_capture(GM_HIST_CTX_STATE),
+                                &j->ptrs[i], NULL);
+    for (long i = 0; i < j->n - j->keep && j->rc == GM_OK; i++)
+        j->rc = gm_alloc_free(j->alloc, j->ptrs[i], gm_hist_capture(GM_HIST_CTX_ALL));
+    return NULL;
+}
+
+/* Wait for th; with hold_gil the GIL stays held, and 1 is returned if the
+ * thread did not finish within timeout seconds (it is then joined with the
+ * GIL released). */
+static int join_thread(pthread_t th, int hold_gil, double timeout) {
+    int blocked = 0;
+    if (hold_gil) {
+        struct timespec deadline;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += (time_t)timeout;
+        deadline.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+        blocked = pthread_timedjoin_np(th, NULL, &deadline) != 0;
+    }
+    if (blocked || !hold_gil) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(th, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    return blocked;
+}
+
+/* _C._hist_c_thread_alloc(allocator, size, n, keep=0, stream=0, timeout_s=10,
+ *                         hold_gil=True) -> (kept ptrs, blocked)
+ * n mallocs then n - keep frees on a new pthread. With hold_gil this thread
+ * keeps the GIL meanwhile, so `blocked` would be True if capture waited for
+ * the GIL; without it, other Python threads run concurrently. */
+static PyObject *py_c_thread_alloc(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"allocator", "size", "n", "keep", "stream", "timeout_s",
+                             "hold_gil", NULL};
+    PyObject *obj;
+    unsigned long long size, stream = 0;
+    long n, keep = 0;
+    double timeout = 10.0;
+    int hold_gil = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OKl|lKdp", kwlist, &obj, &size, &n, &keep,
+                                     &stream, &timeout, &hold_gil))
+        return NULL;
+    gm_alloc_t *a = gm_py_allocator_core(obj);
+    if (!a)
+        return NULL;
+    if (n <= 0 || keep < 0 || keep > n || n > 1000000)
+        return gm_py_raise(GM_EINVAL, "need 0 < n <= 1000000 and 0 <= keep <= n");
+    c_thread_job_t job = {a, (size_t)size, (uintptr_t)stream, n, keep, NULL, GM_OK};
+    if (!(job.ptrs = calloc((size_t)n, sizeof *job.ptrs)))
+        return PyErr_NoMemory();
+    Py_INCREF(obj); /* the allocator outlives the thread */
+    pthread_t th;
+    if (pthread_create(&th, NULL, c_thread_main, &job)) {
+        free(job.ptrs);
+        Py_DECREF(obj);
+        return PyErr_Format(PyExc_RuntimeError, "pthread_create failed");
+    }
+    int blocked = join_thread(th, hold_gil, timeout);
+    Py_DECREF(obj);
+    PyObject *kept = NULL;
+    if (job.rc)
+        gm_py_raise(job.rc, "in the C thread");
+    else if ((kept = PyList_New(0)))
+        for (long i = n - keep; i < n; i++) {
+            PyObject *p = PyLong_FromUnsignedLongLong(job.ptrs[i]);
+            if (!p || PyList_Append(kept, p) < 0) {
+                Py_XDECREF(p);
+                Py_CLEAR(kept);
+                break;
+            }
+            Py_DECREF(p);
+        }
+    free(job.ptrs);
+    if (!kept)
+        return NULL;
+    return Py_BuildValue("(NO)", kept, blocked ? Py_True : Py_False);
+}
+
+typedef struct cthread {
+    int level;
+    uint32_t id;
+} cthread_t;
+
+static void *cthread_main(void *p) {
+    cthread_t *t = p;
+    t->id = gm_hist_capture(t->level);
+    return NULL;
+}
+
+/* _C._hist_capture_in_c_thread(level, timeout_s) -> (id, blocked).
+ * Runs the capture on a new pthread that has no Python thread state while
+ * this thread keeps holding the GIL: a capture that tried to take the GIL
+ * would not finish in time (blocked is then True, and the thread is joined
+ * with the GIL released). */
+static PyObject *py_capture_in_c_thread(PyObject *self, PyObject *args) {
+    int level;
+    double timeout = 5.0;
+    if (!PyArg_ParseTuple(args, "i|d", &level, &timeout))
+        return NULL;
+    cthread_t t = {level, 0};
+    pthread_t th;
+    if (pthread_create(&th, NULL, cthread_main, &t))
+        return PyErr_Format(PyExc_RuntimeError, "pthread_create failed");
+    int blocked = join_thread(th, 1, timeout);
+    return Py_BuildValue("(kO)", (unsigned long)t.id, blocked ? Py_True : Py_False);
+}
+
+static PyMethodDef capture_methods[] = {
+    {"_hist_c_thread_alloc", (PyCFunction)(void (*)(void))py_c_thread_alloc,
+     METH_VARARGS | METH_KEYWORDS,
+     "_hist_c_thread_alloc(allocator, size, n, keep=0, stream=0, timeout_s=10, hold_gil=True)"
+     " -> (kept ptrs, blocked): allocate from a thread with no Python thread state"},
+    {"_hist_capture", py_capture, METH_O,
+     "_hist_capture(level) -> traceback id of the caller's stack (0 when not recorded)"},
+    {"_hist_capture_without_gil", py_capture_without_gil, METH_O,
+     "_hist_capture_without_gil(level) -> id, captured with the GIL released first"},
+    {"_hist_capture_in_c_thread", py_capture_in_c_thread, METH_VARARGS,
+     "_hist_capture_in_c_thread(level, timeout_s=5) -> (id, blocked): capture on a thread "
+     "with no Python thread state while the caller holds the GIL"},
+    {NULL, NULL, 0, NULL}};
+
+int gm_py_hist_capture_init(PyObject *module) {
+    gm_intern_set_retain(retain_code);
+    if (PyModule_AddFunctions(module, capture_methods) < 0)
+        return -1;
+    PyObject *fn = PyCFunction_NewEx(&exit_def, NULL, NULL);
+    if (!fn)
+        return -1;
+    PyObject *atexit_mod = PyImport_ImportModule("atexit");
+    PyObject *r = atexit_mod ? PyObject_CallMethod(atexit_mod, "register", "O", fn) : NULL;
+    Py_XDECREF(atexit_mod);
+    Py_DECREF(fn);
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}

@@ -1,0 +1,525 @@
+/*
+ * hist_snapshot.c - the Python half of memory history: snapshot dicts in
+ * torch's schema, plus the _C functions behind gpumem.history.
+ *
+ * A snapshot is taken in two phases. gm_hist_copy (recorder.c) copies
+ * segments, blocks and rings into plain C arrays under the allocator locks,
+ * with the GIL released. Then, with no allocator lock held, this file turns
+ * the copy into dicts. Interned ids become Python objects once per snapshot:
+ * every event, block or segment with the same traceback id gets the same
+ * list object, and equal frames are the same dict, so pickle memoizes them.
+ * Must not: hold an allocator lock while touching Python objects.
+ */
+#include <stdint.h>
+
+#include "../history/hist.h"
+#include "../history/intern.h"
+#include "pyutil.h"
+
+#define MAX_JS_INT (((uint64_t)1 << 53) - 1)
+
+/* Interned key and value strings; created at module init, kept forever
+ * (protected by: GIL). */
+enum {
+    K_NAME, K_FILENAME, K_LINE, K_ACTION, K_ADDR, K_DEVICE_FREE, K_SIZE, K_STREAM, K_TIME_US,
+    K_COMPILE_CONTEXT, K_USER_METADATA, K_FRAMES, K_DEVICE, K_ADDRESS, K_TOTAL_SIZE,
+    K_ALLOCATED_SIZE, K_ACTIVE_SIZE, K_REQUESTED_SIZE, K_SEGMENT_TYPE, K_SEGMENT_POOL_ID,
+    K_IS_EXPANDABLE, K_BLOCKS, K_STATE, K_CO_FILENAME, K_CO_NAME, V_NA, V_UNKNOWN, V_SMALL,
+    V_LARGE, K_COUNT
+};
+static const char *const key_text[K_COUNT] = {
+    "name", "filename", "line", "action", "addr", "device_free", "size", "stream", "time_us",
+    "compile_context", "user_metadata", "frames", "device", "address", "total_size",
+    "allocated_size", "active_size", "requested_size", "segment_type", "segment_pool_id",
+    "is_expandable", "blocks", "state", "co_filename", "co_name", "N/A", "??", "small", "large"};
+static PyObject *keys[K_COUNT];
+static PyObject *action_str[GM_ACT_COUNT];
+static PyObject *state_str[3];
+static PyObject *pool_id; /* (0, 0) */
+
+typedef struct cframe_entry {
+    uintptr_t addr; /* 0 = empty slot */
+    PyObject *dict;
+    int is_eval;
+} cframe_entry_t;
+
+typedef struct builder {
+    int clamp;           /* fold ints >= 2^53 (dump_snapshot) */
+    uint32_t ntb, nfr, nmeta;
+    PyObject **tb;       /* tb[id]: frames list, NULL until built */
+    PyObject **fr;       /* fr[id]: frame dict */
+    PyObject **meta;     /* meta[id]: str */
+    cframe_entry_t *cf;  /* address -> frame dict */
+    size_t cf_mask, cf_count;
+    PyObject *empty;     /* the shared [] */
+} builder_t;
+
+static PyObject *new_int(const builder_t *b, uint64_t v) {
+    if (b->clamp && v > MAX_JS_INT)
+        v &= MAX_JS_INT;
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* d[key] = value, stealing value. -1 on error. */
+static int put(PyObject *d, PyObject *key, PyObject *value) {
+    if (!value)
+        return -1;
+    int rc = PyDict_SetItem(d, key, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+static int put_borrowed(PyObject *d, PyObject *key, PyObject *value) {
+    return PyDict_SetItem(d, key, value);
+}
+
+static void builder_free(builder_t *b) {
+    for (uint32_t i = 0; b->tb && i <= b->ntb; i++)
+        Py_XDECREF(b->tb[i]);
+    for (uint32_t i = 0; b->fr && i <= b->nfr; i++)
+        Py_XDECREF(b->fr[i]);
+    for (uint32_t i = 0; b->meta && i <= b->nmeta; i++)
+        Py_XDECREF(b->meta[i]);
+    for (size_t i = 0; b->cf && i <= b->cf_mask; i++)
+        Py_XDECREF(b->cf[i].dict);
+    PyMem_Free(b->tb);
+    PyMem_Free(b->fr);
+    PyMem_Free(b->meta);
+    PyMem_Free(b->cf);
+    Py_XDECREF(b->empty);
+}
+
+static int builder_init(builder_t *b, int clamp) {
+    memset(b, 0, sizeof *b);
+    b->clamp = clamp;
+    /* Read after the copy: every id the copy refers to is below these. */
+    gm_intern_counts(&b->ntb, &b->nfr, &b->nmeta);
+    b->tb = PyMem_Calloc((size_t)b->ntb + 1, sizeof *b->tb);
+    b->fr = PyMem_Calloc((size_t)b->nfr + 1, sizeof *b->fr);
+    b->meta = PyMem_Calloc((size_t)b->nmeta + 1, sizeof *b->meta);
+    b->cf_mask = 255;
+    b->cf = PyMem_Calloc(b->cf_mask + 1, sizeof *b->cf);
+    b->empty = PyList_New(0);
+    if (!b->tb || !b->fr || !b->meta || !b->cf || !b->empty) {
+        builder_free(b);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- frames */
+
+static PyObject *frame_dict(PyObject *name, PyObject *filename, long line) {
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    /* torch's key order: name, filename, line */
+    if (put_borrowed(d, keys[K_NAME], name) < 0 ||
+        put_borrowed(d, keys[K_FILENAME], filename) < 0 ||
+        put(d, keys[K_LINE], PyLong_FromLong(line)) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *code_str(PyObject *code, PyObject *attr) {
+    PyObject *s = PyObject_GetAttr(code, attr);
+    if (s && PyUnicode_Check(s))
+        return s;
+    Py_XDECREF(s);
+    PyErr_Clear();
+    Py_INCREF(keys[V_UNKNOWN]);
+    return keys[V_UNKNOWN];
+}
+
+/* Borrowed reference to the dict of Python frame `fid`, NULL on error.
+ * fr[0] holds the dict used for an unknown id (never expected). */
+static PyObject *py_frame(builder_t *b, uint32_t fid) {
+    gm_rawframe_t raw;
+    if (fid >= 1 && fid <= b->nfr && b->fr[fid])
+        return b->fr[fid];
+    if (fid > b->nfr || gm_intern_frame(fid, &raw))
+        fid = 0;
+    if (b->fr[fid])
+        return b->fr[fid];
+    if (fid == 0)
+        return b->fr[0] = frame_dict(keys[V_UNKNOWN], keys[V_UNKNOWN], 0);
+    /* The intern table holds a reference to the code object. */
+    PyObject *code = (PyObject *)raw.code;
+    long line = raw.kind == GM_LOC_LINE ? raw.loc
+                                        : PyCode_Addr2Line((PyCodeObject *)code, raw.loc);
+    PyObject *name = code_str(code, keys[K_CO_NAME]);
+    PyObject *filename = code_str(code, keys[K_CO_FILENAME]);
+    PyObject *d = frame_dict(name, filename, line);
+    Py_DECREF(name);
+    Py_DECREF(filename);
+    if (!d)
+        return NULL;
+    b->fr[fid] = d;
+    return d;
+}
+
+/* Borrowed reference to the dict of C frame `addr`; *is_eval set. */
+static PyObject *c_frame(builder_t *b, uintptr_t addr, int *is_eval) {
+    size_t j = (size_t)((addr * 0x9e3779b97f4a7c15ULL) >> 17) & b->cf_mask;
+    while (b->cf[j].addr && b->cf[j].addr != addr)
+        j = (j + 1) & b->cf_mask;
+    if (b->cf[j].addr) {
+        *is_eval = b->cf[j].is_eval;
+        return b->cf[j].dict;
+    }
+    if ((b->cf_count + 1) * 2 > b->cf_mask + 1) {
+        size_t ncap = (b->cf_mask + 1) * 2;
+        cframe_entry_t *n = PyMem_Calloc(ncap, sizeof *n);
+        if (!n) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (size_t i = 0; i <= b->cf_mask; i++) {
+            if (!b->cf[i].addr)
+                continue;
+            size_t k = (size_t)((b->cf[i].addr * 0x9e3779b97f4a7c15ULL) >> 17) & (ncap - 1);
+            while (n[k].addr)
+                k = (k + 1) & (ncap - 1);
+            n[k] = b->cf[i];
+        }
+        PyMem_Free(b->cf);
+        b->cf = n;
+        b->cf_mask = ncap - 1;
+        return c_frame(b, addr, is_eval);
+    }
+    char name[512], file[512];
+    int ev = gm_cframes_symbolize(addr, name, sizeof name, file, sizeof file);
+    PyObject *n = PyUnicode_DecodeUTF8(name, (Py_ssize_t)strlen(name), "replace");
+    PyObject *f = PyUnicode_DecodeFSDefault(file);
+    PyObject *d = n && f ? frame_dict(n, f, 0) : NULL;
+    Py_XDECREF(n);
+    Py_XDECREF(f);
+    if (!d)
+        return NULL;
+    b->cf[j].addr = addr;
+    b->cf[j].dict = d;
+    b->cf[j].is_eval = ev;
+    b->cf_count++;
+    *is_eval = ev;
+    return d;
+}
+
+/* Borrowed reference to the frames list of traceback `id` (the shared
+ * empty list for 0 or an unknown id); NULL on error. */
+static PyObject *tb_frames(builder_t *b, uint32_t id) {
+    if (id == 0 || id > b->ntb)
+        return b->empty;
+    if (b->tb[id])
+        return b->tb[id];
+    gm_tb_view_t v;
+    if (gm_intern_tb_view(id, &v))
+        return b->empty;
+    PyObject *list = PyList_New(0);
+    if (!list)
+        return NULL;
+    uint32_t pi = 0;
+    /* C frames innermost first; a Python frame goes in where CPython's eval
+     * loop appears, the rest at the end (torch's splicing). */
+    for (uint32_t i = 0; i < v.nc; i++) {
+        int is_eval = 0;
+        PyObject *cf = c_frame(b, v.c[i], &is_eval);
+        if (!cf)
+            goto fail;
+        if (is_eval && pi < v.npy) {
+            PyObject *pf = py_frame(b, v.fids[pi++]);
+            if (!pf || PyList_Append(list, pf) < 0)
+                goto fail;
+        }
+        if (PyList_Append(list, cf) < 0)
+            goto fail;
+    }
+    for (; pi < v.npy; pi++) {
+        PyObject *pf = py_frame(b, v.fids[pi]);
+        if (!pf || PyList_Append(list, pf) < 0)
+            goto fail;
+    }
+    b->tb[id] = list;
+    return list;
+fail:
+    Py_DECREF(list);
+    return NULL;
+}
+
+static PyObject *meta_str(builder_t *b, uint32_t id) {
+    if (id > b->nmeta)
+        id = 0;
+    if (b->meta[id])
+        return b->meta[id];
+    const char *s;
+    size_t len;
+    if (gm_intern_string_view(id, &s, &len)) {
+        s = "";
+        len = 0;
+    }
+    b->meta[id] = PyUnicode_DecodeUTF8(s, (Py_ssize_t)len, "replace");
+    return b->meta[id];
+}
+
+/* ------------------------------------------------------------ entries */
+
+static PyObject *event_dict(builder_t *b, const gm_hist_event_t *e) {
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    int act = e->action < GM_ACT_COUNT ? e->action : GM_ACT_SNAPSHOT;
+    PyObject *frames = e->tb ? tb_frames(b, e->tb) : NULL;
+    PyObject *meta = meta_str(b, e->meta);
+    if (put_borrowed(d, keys[K_ACTION], action_str[act]) < 0 ||
+        put(d, keys[act == GM_ACT_OOM ? K_DEVICE_FREE : K_ADDR], new_int(b, e->addr)) < 0 ||
+        put(d, keys[K_SIZE], new_int(b, e->size)) < 0 ||
+        put(d, keys[K_STREAM], new_int(b, e->stream)) < 0 ||
+        put(d, keys[K_TIME_US], new_int(b, e->time_us)) < 0 ||
+        put_borrowed(d, keys[K_COMPILE_CONTEXT], keys[V_NA]) < 0 || !meta ||
+        put_borrowed(d, keys[K_USER_METADATA], meta) < 0 || (e->tb && !frames) ||
+        (frames && put_borrowed(d, keys[K_FRAMES], frames) < 0)) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *block_dict(builder_t *b, const gm_hist_block_t *blk) {
+    int state = blk->state <= GM_BLOCK_ACTIVE_PENDING_FREE ? blk->state : GM_BLOCK_INACTIVE;
+    int active = state != GM_BLOCK_INACTIVE;
+    PyObject *frames = tb_frames(b, active ? blk->ctx : 0);
+    PyObject *d = frames ? PyDict_New() : NULL;
+    if (!d)
+        return NULL;
+    if (put(d, keys[K_ADDRESS], new_int(b, blk->address)) < 0 ||
+        put(d, keys[K_SIZE], new_int(b, blk->size)) < 0 ||
+        put(d, keys[K_REQUESTED_SIZE], new_int(b, active ? blk->requested_size : 0)) < 0 ||
+        put_borrowed(d, keys[K_STATE], state_str[state]) < 0 ||
+        put_borrowed(d, keys[K_FRAMES], frames) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *segment_dict(builder_t *b, const gm_hist_copy_t *c, const gm_hist_segment_t *s) {
+    PyObject *blocks = PyList_New((Py_ssize_t)s->nblocks);
+    if (!blocks)
+        return NULL;
+    for (size_t i = 0; i < s->nblocks; i++) {
+        PyObject *bd = block_dict(b, &c->blocks[s->first_block + i]);
+        if (!bd) {
+            Py_DECREF(blocks);
+            return NULL;
+        }
+        PyList_SET_ITEM(blocks, (Py_ssize_t)i, bd);
+    }
+    PyObject *frames = tb_frames(b, s->ctx);
+    PyObject *d = frames ? PyDict_New() : NULL;
+    if (!d) {
+        Py_DECREF(blocks);
+        return NULL;
+    }
+    if (put(d, keys[K_DEVICE], PyLong_FromLong(s->device)) < 0 ||
+        put(d, keys[K_ADDRESS], new_int(b, s->address)) < 0 ||
+        put(d, keys[K_TOTAL_SIZE], new_int(b, s->total_size)) < 0 ||
+        put(d, keys[K_ALLOCATED_SIZE], new_int(b, s->allocated_size)) < 0 ||
+        put(d, keys[K_ACTIVE_SIZE], new_int(b, s->active_size)) < 0 ||
+        put(d, keys[K_REQUESTED_SIZE], new_int(b, s->requested_size)) < 0 ||
+        put(d, keys[K_STREAM], new_int(b, s->stream)) < 0 ||
+        put_borrowed(d, keys[K_SEGMENT_TYPE], keys[s->is_small ? V_SMALL : V_LARGE]) < 0 ||
+        put_borrowed(d, keys[K_SEGMENT_POOL_ID], pool_id) < 0 ||
+        put_borrowed(d, keys[K_IS_EXPANDABLE], s->is_expandable ? Py_True : Py_False) < 0 ||
+        put_borrowed(d, keys[K_FRAMES], frames) < 0) {
+        Py_DECREF(blocks);
+        Py_DECREF(d);
+        return NULL;
+    }
+    if (put(d, keys[K_BLOCKS], blocks) < 0) { /* steals blocks */
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* (segments, device_traces, settings dict or None) */
+static PyObject *build(const gm_hist_copy_t *c, builder_t *b) {
+    PyObject *segs = PyList_New((Py_ssize_t)c->nseg);
+    PyObject *traces = PyList_New(c->ndev);
+    if (!segs || !traces)
+        goto fail;
+    for (size_t i = 0; i < c->nseg; i++) {
+        PyObject *sd = segment_dict(b, c, &c->segs[i]);
+        if (!sd)
+            goto fail;
+        PyList_SET_ITEM(segs, (Py_ssize_t)i, sd);
+    }
+    for (int d = 0; d < c->ndev; d++) {
+        PyObject *list = PyList_New((Py_ssize_t)c->nev[d]);
+        if (!list)
+            goto fail;
+        PyList_SET_ITEM(traces, d, list);
+        for (size_t i = 0; i < c->nev[d]; i++) {
+            PyObject *e = event_dict(b, &c->ev[d][i]);
+            if (!e)
+                goto fail;
+            PyList_SET_ITEM(list, (Py_ssize_t)i, e);
+        }
+    }
+    PyObject *settings;
+    if (c->has_settings)
+        settings = gm_py_settings_to_dict(&c->settings);
+    else
+        settings = Py_NewRef(Py_None);
+    if (!settings)
+        goto fail;
+    return Py_BuildValue("(NNN)", segs, traces, settings);
+fail:
+    Py_XDECREF(segs);
+    Py_XDECREF(traces);
+    return NULL;
+}
+
+/* _C._hist_snapshot(clamp=False) -> (segments, device_traces, settings) */
+static PyObject *py_snapshot(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"clamp", NULL};
+    int clamp = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p", kwlist, &clamp))
+        return NULL;
+    gm_hist_copy_t c;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = gm_hist_copy(&c);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return gm_py_raise(rc, "while copying allocator state for a snapshot");
+    builder_t b;
+    PyObject *result = NULL;
+    if (builder_init(&b, clamp) == 0) {
+        result = build(&c, &b);
+        builder_free(&b);
+    }
+    gm_hist_copy_free(&c);
+    return result;
+}
+
+/* _C._hist_traceback(id) -> frames list (a new list each call) */
+static PyObject *py_traceback(PyObject *self, PyObject *arg) {
+    unsigned long id = PyLong_AsUnsignedLong(arg);
+    if (id == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    builder_t b;
+    if (builder_init(&b, 0) < 0)
+        return NULL;
+    PyObject *l = tb_frames(&b, (uint32_t)id);
+    PyObject *r = l ? PyList_GetSlice(l, 0, PY_SSIZE_T_MAX) : NULL;
+    builder_free(&b);
+    return r;
+}
+
+/* ------------------------------------------------- configuration & misc */
+
+static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"enabled", "context", "stacks_all", "max_entries",
+                             "clear_history", "skip_mask", NULL};
+    int enabled, context, stacks_all = 0, clear = 0;
+    unsigned long long max_entries = 1;
+    unsigned int skip = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ii|pKpI", kwlist, &enabled, &context,
+                                     &stacks_all, &max_entries, &clear, &skip))
+        return NULL;
+    gm_hist_config_t cfg = {enabled, context, stacks_all, max_entries, clear, skip};
+    int rc = gm_hist_configure(&cfg);
+    if (rc == GM_EINVAL)
+        return gm_py_raise(rc, "enabled must be 0..2 and context 0..3");
+    if (rc)
+        return gm_py_raise(rc, "could not size the history ring");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_config(PyObject *self, PyObject *unused) {
+    gm_hist_config_t c;
+    gm_hist_get_config(&c);
+    return Py_BuildValue("{s:i,s:i,s:O,s:K,s:I}", "enabled", c.enabled, "context", c.context,
+                         "stacks_all", c.stacks_all ? Py_True : Py_False, "max_entries",
+                         (unsigned long long)c.max_entries, "skip_mask", c.skip_mask);
+}
+
+static PyObject *py_set_metadata(PyObject *self, PyObject *arg) {
+    if (!PyUnicode_Check(arg))
+        return PyErr_Format(PyExc_TypeError, "metadata must be a str, not %.80s",
+                            Py_TYPE(arg)->tp_name);
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(arg, &len);
+    if (!s)
+        return NULL;
+    uint32_t id = gm_intern_string(s, (size_t)len);
+    if (len && !id)
+        return PyErr_NoMemory();
+    gm_hist_set_thread_metadata(id);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_metadata(PyObject *self, PyObject *unused) {
+    const char *s;
+    size_t len;
+    if (gm_intern_string_view(gm_hist_thread_metadata(), &s, &len))
+        s = "", len = 0;
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)len, "replace");
+}
+
+static PyObject *py_overhead(PyObject *self, PyObject *unused) {
+    return PyLong_FromSize_t(gm_hist_ring_bytes() + gm_intern_bytes());
+}
+
+static PyObject *py_counts(PyObject *self, PyObject *unused) {
+    uint32_t t, f, s;
+    gm_intern_counts(&t, &f, &s);
+    return Py_BuildValue("{s:k,s:k,s:k,s:n,s:n}", "tracebacks", (unsigned long)t, "frames",
+                         (unsigned long)f, "strings", (unsigned long)s, "ring_bytes",
+                         (Py_ssize_t)gm_hist_ring_bytes(), "intern_bytes",
+                         (Py_ssize_t)gm_intern_bytes());
+}
+
+static PyMethodDef snapshot_methods[] = {
+    {"_hist_configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
+     "_hist_configure(enabled, context, stacks_all=False, max_entries=1, clear_history=False, "
+     "skip_mask=0): levels as ints (see gpumem.history)"},
+    {"_hist_config", py_config, METH_NOARGS, "The recording configuration in force."},
+    {"_hist_snapshot", (PyCFunction)(void (*)(void))py_snapshot, METH_VARARGS | METH_KEYWORDS,
+     "_hist_snapshot(clamp=False) -> (segments, device_traces, settings or None)"},
+    {"_hist_traceback", py_traceback, METH_O, "_hist_traceback(id) -> frames, innermost first"},
+    {"_hist_set_metadata", py_set_metadata, METH_O, "Set this thread's user_metadata string."},
+    {"_hist_get_metadata", py_get_metadata, METH_NOARGS, "This thread's user_metadata string."},
+    {"_hist_overhead_bytes", py_overhead, METH_NOARGS, "Host bytes used by rings and tables."},
+    {"_hist_counts", py_counts, METH_NOARGS, "Sizes of the interning tables and rings."},
+    {NULL, NULL, 0, NULL}};
+
+static const gm_hist_api_t hist_api = {GM_HIST_API_VERSION,  gm_hist_capture,
+                                       gm_hist_attach,       gm_hist_detach,
+                                       gm_hist_context_level, gm_hist_set_thread_metadata};
+
+int gm_py_hist_snapshot_init(PyObject *module) {
+    for (int i = 0; i < K_COUNT; i++)
+        if (!(keys[i] = PyUnicode_InternFromString(key_text[i])))
+            return -1;
+    for (int i = 0; i < GM_ACT_COUNT; i++)
+        if (!(action_str[i] = PyUnicode_InternFromString(gm_action_name(i))))
+            return -1;
+    static const char *const states[3] = {"inactive", "active_allocated", "active_pending_free"};
+    for (int i = 0; i < 3; i++)
+        if (!(state_str[i] = PyUnicode_InternFromString(states[i])))
+            return -1;
+    if (!(pool_id = Py_BuildValue("(ii)", 0, 0)))
+        return -1;
+    if (PyModule_AddFunctions(module, snapshot_methods) < 0)
+        return -1;
+    PyObject *cap = PyCapsule_New((void *)&hist_api, "gpumem._C._hist_api", NULL);
+    if (!cap || PyModule_AddObject(module, "_hist_api", cap) < 0) {
+        Py_XDECREF(cap);
+        return -1;
+    }
+    return 0;
+}
