@@ -58,6 +58,7 @@ void gm_stat_inc(gm_stat_t *s, int64_t amount) {
 }
 
 void gm_stat_dec(gm_stat_t *s, int64_t amount) {
+    GM_ASSERT(s->current >= amount, "stat would go negative");
     s->current -= amount;
     s->freed += amount;
 }
@@ -153,8 +154,10 @@ void gm_trace_unlocked(gm_alloc_t *a, gm_action_t act, uintptr_t addr, size_t si
 /* Merge src into dst if src is a free neighbour with the same mapping.
  * Returns the bytes subsumed, or 0. dst must not be in a tree. */
 size_t gm_try_merge_unlocked(gm_alloc_t *a, gm_block_t *dst, gm_block_t *src) {
+    GM_ASSERT(dst->in_tree == 0, "merge target must not be in a tree");
     if (!src || !gm_block_is_free(src) || dst->mapped != src->mapped)
         return 0;
+    GM_ASSERT(src->in_tree != 0, "free neighbour missing from its tree");
     if (dst->prev == src) {
         dst->ptr = src->ptr;
         dst->prev = src->prev;
@@ -179,6 +182,7 @@ size_t gm_try_merge_unlocked(gm_alloc_t *a, gm_block_t *dst, gm_block_t *src) {
 
 /* Return a block whose uses and events are over to its pool. */
 void gm_free_block_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
+    GM_ASSERT(gm_block_is_free(b) && b->in_tree == 0, "freeing a block still in use");
     gm_trace_unlocked(a, GM_ACT_FREE_COMPLETED, b->ptr, b->requested_size, b->stream,
                       ctx ? ctx : b->ctx);
     b->ctx = 0;
@@ -500,6 +504,7 @@ static int alloc_found_block(gm_alloc_t *a, alloc_params_t *p, size_t orig_size,
     gm_pool_t *pool = p->pool;
     int t = gm_pool_type(pool);
     int already_split = b->prev || b->next;
+    GM_ASSERT(b->size >= size && b->in_tree == 0 && b->mapped, "found block cannot serve");
 
     if (should_split(a, b, size)) {
         gm_block_t *rem = b;

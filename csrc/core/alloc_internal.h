@@ -16,12 +16,9 @@
 #include <stdint.h>
 
 #include "gm_alloc.h"
+#include "gm_debug.h"
 #include "ptrmap.h"
 #include "tree.h"
-
-#ifndef GM_DEBUG
-#define GM_DEBUG 0
-#endif
 
 struct gm_pool;
 struct gm_expseg;
