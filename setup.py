@@ -13,10 +13,12 @@ Build knobs (environment variables):
 """
 
 import glob
+import importlib.util
 import os
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIRS = ("csrc/core", "csrc/device", "csrc/history", "csrc/python")
@@ -116,4 +118,34 @@ def _extension():
     )
 
 
-setup(ext_modules=[_extension()])
+def _load_sim_build():
+    spec = importlib.util.spec_from_file_location(
+        "gpumem_sim_build", os.path.join(HERE, "csrc", "sim", "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class BuildWithSimulator(build_ext):
+    """build_ext, then the simulated GPU's fake CUDA libraries (csrc/sim).
+
+    They are separate shared libraries with NVIDIA's sonames, loaded only by
+    gpumem.sim; they land in gpumem/_sim/ (in the source tree for editable
+    and in-place builds, in build_lib for wheels). gpumem works without
+    them, so a failure warns instead of failing the install.
+    """
+
+    def run(self):
+        super().run()
+        pkg = os.path.join(HERE, "gpumem") if self.inplace else os.path.join(self.build_lib, "gpumem")
+        out = os.path.join(pkg, "_sim")
+        work = os.path.join(self.build_temp, "gpumem_sim")
+        try:
+            _load_sim_build().build_sim_libs(out, work_dir=work)
+        except Exception as e:  # noqa: BLE001 - optional component
+            print(f"setup.py: warning: the simulated GPU was not built ({e}); "
+                  "gpumem works without it, but gpumem.sim will build it on first use.",
+                  file=sys.stderr)
+
+
+setup(ext_modules=[_extension()], cmdclass={"build_ext": BuildWithSimulator})

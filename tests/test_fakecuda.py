@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-FAKE_DIR = Path(__file__).resolve().parent / "fakecuda"
+FAKE_DIR = Path(__file__).resolve().parent / "fakecuda"  # build.py wrapper, smoke.c
+# The driver's sources ship with gpumem's simulated GPU (csrc/sim/README.md).
+DRIVER_DIR = Path(__file__).resolve().parents[1] / "csrc" / "sim" / "driver"
 
 _spec = importlib.util.spec_from_file_location("fakecuda_build", FAKE_DIR / "build.py")
 fcbuild = importlib.util.module_from_spec(_spec)
@@ -40,11 +42,12 @@ CONTROL_FUNCS = {
     "fakecuda_set_event_mode",
     "fakecuda_set_fail",
     "fakecuda_reset_counters",
+    "fakecuda_device_memory",
 }
 
 
 def _fc_funcs() -> list[str]:
-    text = (FAKE_DIR / "fakecuda_internal.h").read_text()
+    text = (DRIVER_DIR / "fakecuda_internal.h").read_text()
     block = re.search(r"#define FC_FUNCS\(X\)(.*?)\n\n", text, re.S).group(1)
     return re.findall(r"X\((\w+)\)", block)
 
@@ -67,6 +70,23 @@ EXPECTED_CU = {
     "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap",
     "cuMemUnmap", "cuMemSetAccess", "cuMemGetAllocationGranularity", "cuGetErrorName",
     "cuGetErrorString",
+    # what the simulator's fake CUDA runtime builds on (csrc/sim/cudart)
+    "cuMemcpy", "cuMemcpyAsync", "cuMemcpyDtoD_v2", "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpyPeer", "cuMemcpyPeerAsync",
+    "cuMemsetD8Async", "cuMemsetD32_v2", "cuMemsetD32Async", "cuPointerGetAttribute",
+    "cuMemGetAddressRange_v2", "cuStreamWriteValue32_v2", "cuMemGetAllocationPropertiesFromHandle",
+    "cuCtxGetStreamPriorityRange", "cuStreamCreateWithPriority", "cuStreamGetPriority",
+    "cuStreamGetFlags", "cuStreamGetId", "cuStreamGetDevice", "cuStreamWaitEvent",
+    "cuEventRecordWithFlags", "cuEventElapsedTime_v2",
+    # imported by torch/lib/libcaffe2_nvrtc.so (must exist for it to load)
+    "cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleUnload",
+    "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchCooperativeKernel", "cuLinkCreate_v2",
+    "cuLinkAddData_v2", "cuLinkComplete", "cuFuncGetAttribute", "cuFuncSetAttribute",
+    "cuFuncSetCacheConfig", "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    "cuTensorMapEncodeTiled",
+    # in torch's DriverAPI list of required driver functions
+    "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
+    "cuMemRetainAllocationHandle",
 }
 
 VARIANTS = ["cuda_h", "fallback"]
@@ -286,21 +306,19 @@ def test_build_has_no_warnings(lib):
 
 def test_build_is_cached_and_rebuilt_on_change(tmp_path):
     src = tmp_path / "src"
-    shutil.copytree(FAKE_DIR, src)
-    spec = importlib.util.spec_from_file_location("fcb_copy", src / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    shutil.copytree(DRIVER_DIR, src)
+    build_libcuda = fcbuild._sim.build_libcuda
     out = tmp_path / "out"
-    lib = mod.build_fakecuda(out, cuda_include=None)
+    lib = build_libcuda(out, cuda_include=None, src_dir=src)
     first = lib.stat().st_mtime_ns
-    assert mod.build_fakecuda(out, cuda_include=None).stat().st_mtime_ns == first
+    assert build_libcuda(out, cuda_include=None, src_dir=src).stat().st_mtime_ns == first
     (src / "fakecuda_sync.c").write_text((src / "fakecuda_sync.c").read_text() + "\n/* x */\n")
     os.utime(lib, ns=(first - 10**9, first - 10**9))
-    assert mod.build_fakecuda(out, cuda_include=None).stat().st_mtime_ns != first - 10**9
+    assert build_libcuda(out, cuda_include=None, src_dir=src).stat().st_mtime_ns != first - 10**9
     # a compile error is reported with the compiler's output
     (src / "fakecuda_sync.c").write_text("this is not C\n")
-    with pytest.raises(mod.BuildError, match="building the fake libcuda failed"):
-        mod.build_fakecuda(out, cuda_include=None)
+    with pytest.raises(fcbuild.BuildError, match="building libcuda.so.1 failed"):
+        build_libcuda(out, cuda_include=None, src_dir=src)
 
 
 def test_build_cli(tmp_path):
@@ -328,7 +346,7 @@ def test_exports_exactly_the_driver_subset(lib):
     # not exported, and neither is anything outside the list.
     assert not defined & {"cuMemAlloc", "cuMemFree", "cuMemGetInfo", "cuDeviceTotalMem",
                           "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemsetD8", "cuCtxCreate_v2"}
-    map_names = set(re.findall(r"^\s+(\w+);", (FAKE_DIR / "libcuda.map").read_text(), re.M))
+    map_names = set(re.findall(r"^\s+(\w+);", (DRIVER_DIR / "libcuda.map").read_text(), re.M))
     assert map_names == defined
 
 
@@ -345,7 +363,7 @@ def test_soname_and_no_version_definitions(lib):
 
 
 def _compile_smoke(lib: Path, out: Path, extra: list[str], use_cuda_h: bool) -> Path:
-    hdr = ["-DUSE_CUDA_H", "-I", str(CUDA_INCLUDE)] if use_cuda_h else ["-I", str(FAKE_DIR)]
+    hdr = ["-DUSE_CUDA_H", "-I", str(CUDA_INCLUDE)] if use_cuda_h else ["-I", str(DRIVER_DIR)]
     cmd = CC + ["-Wall", "-Wextra", "-Werror", *hdr, *extra, str(FAKE_DIR / "smoke.c"), "-o", str(out),
                 "-L", str(lib.parent), "-l:libcuda.so.1", "-pthread"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -394,7 +412,7 @@ def test_dlopen_prints_nothing(lib, tmp_path):
 def test_fallback_header_matches_cuda_h(tmp_path):
     """cuda_min.h must agree with NVIDIA's cuda.h on every enumerator it
     defines, on struct layouts and typedef sizes, and on every prototype."""
-    min_h = (FAKE_DIR / "cuda_min.h").read_text()
+    min_h = (DRIVER_DIR / "cuda_min.h").read_text()
     enums = [n for n in re.findall(r"^\s+(CUDA_\w+|CU_\w+)\s*=", min_h, re.M)
              if n != "CU_DEVICE_ATTRIBUTE_MAX"]
     assert len(enums) > 150
@@ -426,7 +444,7 @@ def test_fallback_header_matches_cuda_h(tmp_path):
     src = tmp_path / "layout.c"
     src.write_text("\n".join(lines) + "\n")
     outputs = []
-    for defs in (["-DUSE_CUDA_H", "-I", str(CUDA_INCLUDE)], ["-I", str(FAKE_DIR)]):
+    for defs in (["-DUSE_CUDA_H", "-I", str(CUDA_INCLUDE)], ["-I", str(DRIVER_DIR)]):
         exe = tmp_path / ("layout" + str(len(outputs)))
         proc = subprocess.run(CC + ["-Wall", *defs, str(src), "-o", str(exe)], capture_output=True,
                               text=True)
@@ -444,7 +462,7 @@ def test_fallback_header_matches_cuda_h(tmp_path):
     assert proc.returncode == 0, proc.stderr
     # The legacy aliases, against the legacy prototypes cuda.h declares for
     # the driver's own build (__CUDA_API_VERSION_INTERNAL).
-    internal = (FAKE_DIR / "fakecuda_internal.h").read_text()
+    internal = (DRIVER_DIR / "fakecuda_internal.h").read_text()
     legacy = re.findall(r"^CUresult CUDAAPI (?:cuDeviceGetUuid|cuDevicePrimaryCtx\w+|cuCtx\w+Current|"
                         r"cuStreamDestroy|cuEventDestroy)\(.*?\);", internal, re.M)
     assert len(legacy) == 7

@@ -287,7 +287,26 @@ void fc_set_fail_unlocked(const fc_fail_rule_t *rules, int nrules, const char *s
     memset(fc.fail_seen, 0, sizeof fc.fail_seen);
 }
 
-/* Parse every GPUMEM_FAKECUDA_* variable; all or nothing. */
+/* GPUMEM_FAKECUDA_<name>, or else GPUMEM_SIM_<name> (the simulator's
+ * user-facing spelling, see csrc/sim/README.md); *var names the one used. */
+static const char *config_env(const char *name, const char **var)
+{
+    static __thread char buf[2][64];
+    snprintf(buf[0], sizeof buf[0], "GPUMEM_FAKECUDA_%s", name);
+    snprintf(buf[1], sizeof buf[1], "GPUMEM_SIM_%s", name);
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(buf[i]);
+        if (v && *v) {
+            *var = buf[i];
+            return v;
+        }
+    }
+    *var = buf[0];
+    return NULL;
+}
+
+/* Parse every GPUMEM_FAKECUDA_* variable; all or nothing. DEVICES, MEMORY
+ * and EVENTS may also be given as GPUMEM_SIM_*. */
 static int load_config_unlocked(void)
 {
     const char *v;
@@ -298,22 +317,23 @@ static int load_config_unlocked(void)
     fc_fail_rule_t rules[FC_MAX_FAIL_RULES];
     int nrules = -1;
     char err[256];
+    const char *var;
 
-    if ((v = getenv("GPUMEM_FAKECUDA_DEVICES")) && *v) {
+    if ((v = config_env("DEVICES", &var))) {
         char *end;
         errno = 0;
         long n = strtol(v, &end, 10);
         if (errno || *end || n < 0 || n > FC_MAX_DEVICES) {
-            fprintf(stderr, "fakecuda: GPUMEM_FAKECUDA_DEVICES='%s' is invalid: expected an integer "
-                            "from 0 to %d\n", v, FC_MAX_DEVICES);
+            fprintf(stderr, "fakecuda: %s='%s' is invalid: expected an integer "
+                            "from 0 to %d\n", var, v, FC_MAX_DEVICES);
             return -1;
         }
         ndev = (int)n;
     }
-    if ((v = getenv("GPUMEM_FAKECUDA_MEMORY")) && *v) {
+    if ((v = config_env("MEMORY", &var))) {
         if (parse_size(v, &memory) || memory == 0) {
-            fprintf(stderr, "fakecuda: GPUMEM_FAKECUDA_MEMORY='%s' is invalid: expected a positive "
-                            "size such as 80GiB, 512MiB or 1048576\n", v);
+            fprintf(stderr, "fakecuda: %s='%s' is invalid: expected a positive "
+                            "size such as 80GiB, 512MiB or 1048576\n", var, v);
             return -1;
         }
     }
@@ -326,10 +346,10 @@ static int load_config_unlocked(void)
             return -1;
         }
     }
-    if ((v = getenv("GPUMEM_FAKECUDA_EVENTS")) && *v) {
+    if ((v = config_env("EVENTS", &var))) {
         if (fc_parse_event_mode(v, &ev_mode, &ev_after)) {
-            fprintf(stderr, "fakecuda: GPUMEM_FAKECUDA_EVENTS='%s' is invalid: expected "
-                            "'immediate', 'never' or 'after:N'\n", v);
+            fprintf(stderr, "fakecuda: %s='%s' is invalid: expected "
+                            "'immediate', 'never' or 'after:N'\n", var, v);
             return -1;
         }
     }

@@ -72,7 +72,29 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
     X(cuEventQuery) X(cuEventSynchronize) X(cuMemAddressReserve)            \
     X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap)          \
     X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)        \
-    X(cuGetErrorName) X(cuGetErrorString)
+    X(cuGetErrorName) X(cuGetErrorString)                                   \
+    /* copies, memsets, pointer queries (fakecuda_copy.c) */                 \
+    X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyDtoD_v2) X(cuMemcpyHtoDAsync_v2) \
+    X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyPeer)        \
+    X(cuMemcpyPeerAsync) X(cuMemsetD8Async) X(cuMemsetD32_v2)               \
+    X(cuMemsetD32Async) X(cuPointerGetAttribute) X(cuMemGetAddressRange_v2) \
+    X(cuStreamWriteValue32_v2) X(cuMemGetAllocationPropertiesFromHandle)    \
+    /* streams and events, runtime-level (fakecuda_sync.c) */               \
+    X(cuCtxGetStreamPriorityRange) X(cuStreamCreateWithPriority)            \
+    X(cuStreamGetPriority) X(cuStreamGetFlags) X(cuStreamGetId)             \
+    X(cuStreamGetDevice) X(cuStreamWaitEvent) X(cuEventRecordWithFlags)     \
+    X(cuEventElapsedTime_v2)                                                \
+    /* exported so that torch's libcaffe2_nvrtc.so loads; NOT_SUPPORTED     \
+     * (fakecuda_stubs.c) */                                                \
+    X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx)               \
+    X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)              \
+    X(cuLaunchCooperativeKernel) X(cuLinkCreate_v2) X(cuLinkAddData_v2)     \
+    X(cuLinkComplete) X(cuFuncGetAttribute) X(cuFuncSetAttribute)           \
+    X(cuFuncSetCacheConfig) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)  \
+    X(cuTensorMapEncodeTiled)                                               \
+    /* required by torch's DriverAPI (expandable segments); NOT_SUPPORTED */ \
+    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)       \
+    X(cuMemRetainAllocationHandle)
 
 enum {
 #define FC_ENUM(name) FN_##name,
@@ -137,6 +159,7 @@ typedef struct {
     int device;
     size_t size;
     uint64_t file_off;          /* backing extent in fc.memfd */
+    unsigned int handle_types;  /* requestedHandleTypes of cuMemCreate */
     int released;
     size_t nmaps;
 } fc_vhandle_t;
@@ -160,7 +183,12 @@ typedef struct {
     uint64_t handle;
     struct CUctx_st *ctx;
     unsigned int flags;
+    int priority;               /* clamped into [FC_PRIO_GREATEST, FC_PRIO_LEAST] */
 } fc_stream_t;
+
+/* Stream priorities, as an H100 reports them (cuCtxGetStreamPriorityRange). */
+#define FC_PRIO_LEAST 0
+#define FC_PRIO_GREATEST (-5)
 
 enum { FC_EV_IMMEDIATE, FC_EV_NEVER, FC_EV_AFTER };
 
@@ -172,6 +200,7 @@ typedef struct {
     int complete;               /* the captured work has finished */
     long remaining;             /* FC_EV_AFTER: NOT_READY answers left; -1: never */
     uint64_t stream_key;        /* which stream the last record captured */
+    double recorded_ms;         /* CLOCK_MONOTONIC at the last record, for elapsed time */
 } fc_event_t;
 
 typedef struct {
@@ -260,10 +289,21 @@ void fc_set_fail_unlocked(const fc_fail_rule_t *rules, int nrules, const char *s
 
 /* fakecuda_mem.c */
 void fc_mem_reset_device_unlocked(int dev);
+/* Is [p, p+n) device memory the device may read (write)? */
+int fc_accessible_unlocked(uint64_t p, size_t n, int write);
+/* If p lies in device memory (an allocation, or a VMM reservation), the
+ * device and the range holding it (the allocation, or the mapping; for an
+ * unmapped part of a reservation, *size is 0) and 1; otherwise 0. */
+int fc_lookup_device_ptr_unlocked(uint64_t p, uint64_t *base, size_t *size, int *dev);
 int fc_mem_report_leaks_unlocked(void *sb, int *first, int left);
 
 /* fakecuda_sync.c */
 void fc_sync_reset_ctx_unlocked(struct CUctx_st *ctx);
+/* Which stream h means (a key events remember) and its context; the
+ * special streams mean the current context `cur`. INVALID_HANDLE if h is
+ * not a live stream. */
+CUresult fc_resolve_stream_unlocked(CUstream h, struct CUctx_st *cur, uint64_t *key,
+                                    struct CUctx_st **sctx);
 void fc_sync_complete_all_unlocked(void);
 int fc_parse_event_mode(const char *s, int *mode, long *after);
 size_t fc_sync_pending_events_unlocked(int dev);

@@ -166,7 +166,7 @@ static int mapping_prot(const fc_mapping_t *m)
 
 /* Is [p, p+n) device memory the device may read (write)? Either inside one
  * cuMemAlloc allocation, or covered by consecutive mappings with access. */
-static int accessible_unlocked(uint64_t p, size_t n, int write)
+int fc_accessible_unlocked(uint64_t p, size_t n, int write)
 {
     if (p + n < p)
         return 0;
@@ -195,6 +195,41 @@ static int accessible_unlocked(uint64_t p, size_t n, int write)
     return 1;
 }
 
+int fc_lookup_device_ptr_unlocked(uint64_t p, uint64_t *base, size_t *size, int *dev)
+{
+    size_t i = fc_vec_lower(&fc.allocs, p + 1);
+    if (i > 0) {
+        const fc_alloc_t *a = fc.allocs.v[i - 1].val;
+        if (p >= a->ptr && p < a->ptr + a->size) {
+            *base = a->ptr;
+            *size = a->size;
+            *dev = a->device;
+            return 1;
+        }
+    }
+    i = fc_vec_lower(&fc.mappings, p + 1);
+    if (i > 0) {
+        const fc_mapping_t *m = fc.mappings.v[i - 1].val;
+        if (p >= m->start && p < m->start + m->size) {
+            *base = m->start;
+            *size = m->size;
+            *dev = m->h->device;
+            return 1;
+        }
+    }
+    i = fc_vec_lower(&fc.reservations, p + 1);
+    if (i > 0) {
+        const fc_reservation_t *r = fc.reservations.v[i - 1].val;
+        if (p >= r->start && p < r->start + r->size) {
+            *base = p;
+            *size = 0;
+            *dev = r->device;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 FC_API CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
     FC_BEGIN(FN_cuMemcpyHtoD_v2, 1);
@@ -203,7 +238,7 @@ FC_API CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHo
         goto done;
     if (ByteCount == 0)
         goto done;
-    if (!srcHost || !accessible_unlocked(dstDevice, ByteCount, 1))
+    if (!srcHost || !fc_accessible_unlocked(dstDevice, ByteCount, 1))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
     FC_END();
@@ -217,7 +252,7 @@ FC_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, si
         goto done;
     if (ByteCount == 0)
         goto done;
-    if (!dstHost || !accessible_unlocked(srcDevice, ByteCount, 0))
+    if (!dstHost || !fc_accessible_unlocked(srcDevice, ByteCount, 0))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
     FC_END();
@@ -231,7 +266,7 @@ FC_API CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, s
         goto done;
     if (N == 0)
         goto done;
-    if (!accessible_unlocked(dstDevice, N, 1))
+    if (!fc_accessible_unlocked(dstDevice, N, 1))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     memset((void *)(uintptr_t)dstDevice, uc, N);
     FC_END();
@@ -458,6 +493,7 @@ FC_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
     h->device = dev;
     h->size = size;
     h->file_off = off;
+    h->handle_types = (unsigned int)prop->requestedHandleTypes;
     h->released = 0;
     h->nmaps = 0;
     fc.dev[dev].bytes_created += size;
@@ -465,6 +501,22 @@ FC_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
     fc.dev[dev].n_phys++;
     fc_note_usage_unlocked(dev);
     *handle = hv;
+    FC_END();
+}
+
+/* The properties cuMemCreate was given (as far as the fake keeps them). */
+FC_API CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                               CUmemGenericAllocationHandle handle)
+{
+    VMM_PROLOGUE(FN_cuMemGetAllocationPropertiesFromHandle);
+    fc_vhandle_t *h = fc_vec_find(&fc.handles, handle);
+    if (!prop || !h)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    memset(prop, 0, sizeof *prop);
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->requestedHandleTypes = (CUmemAllocationHandleType)h->handle_types;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = h->device;
     FC_END();
 }
 

@@ -389,6 +389,27 @@ FC_API void fakecuda_reset_counters(void)
     fc_unlock();
 }
 
+/* Capacity and use of one device, without a context (for the simulator's
+ * NVML, which reports memory per device). Works before cuInit, from the
+ * configuration: -1 for an ordinal that is not a device. */
+FC_API int fakecuda_device_memory(int device, size_t *total, size_t *used)
+{
+    int ret = -1;
+    fc_lock();
+    if (!fc.config_loaded)
+        ret = -2;
+    else if (fc_valid_device(device)) {
+        const fc_device_t *d = &fc.dev[device];
+        if (total)
+            *total = d->capacity;
+        if (used)
+            *used = d->bytes_allocated + d->bytes_created;
+        ret = 0;
+    }
+    fc_unlock();
+    return ret == -2 ? -1 : ret;
+}
+
 /* ------------------------------------------------------------------ */
 /* report at exit                                                       */
 

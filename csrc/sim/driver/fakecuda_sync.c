@@ -17,6 +17,7 @@
 #include "fakecuda_internal.h"
 
 #include <stdlib.h>
+#include <time.h>
 
 /*
  * Note [Event completion]
@@ -43,7 +44,7 @@ static __thread uint64_t tls_per_thread_key; /* this thread's CU_STREAM_PER_THRE
 static uint64_t next_per_thread = 1;          /* protected by fc.mu */
 
 /* Which stream `h` means, as a key events remember, and its context. */
-static CUresult resolve_stream_unlocked(CUstream h, struct CUctx_st *cur, uint64_t *key,
+CUresult fc_resolve_stream_unlocked(CUstream h, struct CUctx_st *cur, uint64_t *key,
                                         struct CUctx_st **sctx)
 {
     if (h == NULL || h == CU_STREAM_LEGACY) {
@@ -135,9 +136,9 @@ void fc_sync_reset_ctx_unlocked(struct CUctx_st *ctx)
 /* ------------------------------------------------------------------ */
 /* streams                                                              */
 
-FC_API CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
+static CUresult stream_create(int fn, CUstream *phStream, unsigned int Flags, int priority)
 {
-    FC_BEGIN(FN_cuStreamCreate, 1);
+    FC_BEGIN(fn, 1);
     struct CUctx_st *c;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
         goto done;
@@ -152,8 +153,110 @@ FC_API CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
     s->handle = hv;
     s->ctx = c;
     s->flags = Flags;
+    /* documented: priorities outside the range are clamped into it */
+    s->priority = priority > FC_PRIO_LEAST      ? FC_PRIO_LEAST
+                  : priority < FC_PRIO_GREATEST ? FC_PRIO_GREATEST
+                                                : priority;
     fc.dev[c->device].n_streams++;
     *phStream = (CUstream)(uintptr_t)hv;
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+    return stream_create(FN_cuStreamCreate, phStream, Flags, 0);
+}
+
+FC_API CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags,
+                                                   int priority)
+{
+    return stream_create(FN_cuStreamCreateWithPriority, phStream, flags, priority);
+}
+
+FC_API CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    FC_BEGIN(FN_cuCtxGetStreamPriorityRange, 1);
+    struct CUctx_st *c;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    if (leastPriority)
+        *leastPriority = FC_PRIO_LEAST;
+    if (greatestPriority)
+        *greatestPriority = FC_PRIO_GREATEST;
+    FC_END();
+}
+
+/* The live stream record for h, or NULL for a special stream (0, legacy,
+ * per-thread), which the caller answers itself. INVALID_HANDLE otherwise. */
+static CUresult stream_info_unlocked(CUstream h, fc_stream_t **out, struct CUctx_st **ctx,
+                                     uint64_t *key)
+{
+    struct CUctx_st *c, *sctx;
+    CUresult res = fc_current_ctx_unlocked(&c);
+    if (res != CUDA_SUCCESS)
+        return res;
+    if ((res = fc_resolve_stream_unlocked(h, c, key, &sctx)) != CUDA_SUCCESS)
+        return res;
+    *out = fc_vec_find(&fc.streams, (uint64_t)(uintptr_t)h);
+    *ctx = sctx;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int *priority)
+{
+    FC_BEGIN(FN_cuStreamGetPriority, 1);
+    fc_stream_t *s;
+    struct CUctx_st *sctx;
+    uint64_t key;
+    if ((res = stream_info_unlocked(hStream, &s, &sctx, &key)) != CUDA_SUCCESS)
+        goto done;
+    if (!priority)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    *priority = s ? s->priority : 0;
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuStreamGetFlags(CUstream hStream, unsigned int *flags)
+{
+    FC_BEGIN(FN_cuStreamGetFlags, 1);
+    fc_stream_t *s;
+    struct CUctx_st *sctx;
+    uint64_t key;
+    if ((res = stream_info_unlocked(hStream, &s, &sctx, &key)) != CUDA_SUCCESS)
+        goto done;
+    if (!flags)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    *flags = s ? s->flags : 0;
+    FC_END();
+}
+
+/* Created streams: their handle number; the legacy stream 0; a per-thread
+ * stream its per-thread key. Unique among live streams. */
+FC_API CUresult CUDAAPI cuStreamGetId(CUstream hStream, unsigned long long *streamId)
+{
+    FC_BEGIN(FN_cuStreamGetId, 1);
+    fc_stream_t *s;
+    struct CUctx_st *sctx;
+    uint64_t key;
+    if ((res = stream_info_unlocked(hStream, &s, &sctx, &key)) != CUDA_SUCCESS)
+        goto done;
+    if (!streamId)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    *streamId = s ? (s->handle & ~FC_HANDLE_STREAM) >> 4 : key == KEY_LEGACY ? 0 : key;
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuStreamGetDevice(CUstream hStream, CUdevice *device)
+{
+    FC_BEGIN(FN_cuStreamGetDevice, 1);
+    fc_stream_t *s;
+    struct CUctx_st *sctx;
+    uint64_t key;
+    if ((res = stream_info_unlocked(hStream, &s, &sctx, &key)) != CUDA_SUCCESS)
+        goto done;
+    if (!device)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    *device = sctx->device;
     FC_END();
 }
 
@@ -190,7 +293,7 @@ FC_API CUresult CUDAAPI cuStreamQuery(CUstream hStream)
     uint64_t key;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
         goto done;
-    if ((res = resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+    if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
         goto done;
     int busy = 0;
     for (size_t i = 0; i < fc.events.n; i++) {
@@ -210,7 +313,7 @@ FC_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
     uint64_t key;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
         goto done;
-    if ((res = resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+    if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
         goto done;
     complete_unlocked(sctx, key);
     FC_END();
@@ -253,9 +356,16 @@ FC_API CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags)
     FC_END();
 }
 
-FC_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
+static double now_ms(void)
 {
-    FC_BEGIN(FN_cuEventRecord, 1);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static CUresult event_record(int fn, CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    FC_BEGIN(fn, 1);
     struct CUctx_st *c, *sctx;
     uint64_t key;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
@@ -263,12 +373,15 @@ FC_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
     fc_event_t *e = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent);
     if (!e)
         FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
-    if ((res = resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+    if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
         goto done;
     if (e->ctx != sctx) /* documented: "must be from the same context" */
         FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if (flags & ~(unsigned int)CU_EVENT_RECORD_EXTERNAL)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     e->recorded = 1;
     e->stream_key = key;
+    e->recorded_ms = now_ms();
     switch (fc.ev_mode) {
     case FC_EV_IMMEDIATE:
         e->complete = 1;
@@ -283,6 +396,59 @@ FC_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
         e->remaining = fc.ev_after;
         break;
     }
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    return event_record(FN_cuEventRecord, hEvent, hStream, 0);
+}
+
+/* CU_EVENT_RECORD_EXTERNAL only matters under stream capture, which the
+ * fake does not have. */
+FC_API CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    return event_record(FN_cuEventRecordWithFlags, hEvent, hStream, flags);
+}
+
+/* Nothing runs, so waiting adds no dependency: the stream's own events
+ * still complete by the event mode. Only the arguments are checked. */
+FC_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    FC_BEGIN(FN_cuStreamWaitEvent, 1);
+    struct CUctx_st *c, *sctx;
+    uint64_t key;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+        goto done;
+    if (!fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent))
+        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if (Flags & ~(unsigned int)CU_EVENT_WAIT_EXTERNAL)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    FC_END();
+}
+
+/* Host time between the two records. As documented: INVALID_HANDLE if
+ * either event was created with DISABLE_TIMING or never recorded,
+ * NOT_READY if either has not completed (not a poll: the answer does not
+ * count towards after:N). */
+FC_API CUresult CUDAAPI cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    FC_BEGIN(FN_cuEventElapsedTime_v2, 1);
+    struct CUctx_st *c;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    fc_event_t *a = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hStart);
+    fc_event_t *b = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEnd);
+    if (!pMilliseconds)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!a || !b || !a->recorded || !b->recorded || (a->flags & CU_EVENT_DISABLE_TIMING) ||
+        (b->flags & CU_EVENT_DISABLE_TIMING))
+        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if (pending(a) || pending(b))
+        FC_FAIL(CUDA_ERROR_NOT_READY);
+    *pMilliseconds = (float)(b->recorded_ms - a->recorded_ms);
     FC_END();
 }
 

@@ -1,0 +1,67 @@
+/*
+ * rt_internal.h - state shared by the files of the fake CUDA runtime
+ * (libcudart.so.N over the fake driver libcuda.so.1).
+ *
+ * The runtime keeps almost nothing itself: devices, contexts, memory,
+ * streams and events live in the fake driver, so driver-level and
+ * runtime-level handles are the same objects and the accounting is in one
+ * place (the driver's report). What the runtime keeps is per thread: the
+ * current device, the last error, the stream-capture mode and the launch
+ * configuration stack (autograd runs on its own threads, so none of this
+ * may be process-wide).
+ *
+ * Rules every entry point follows:
+ *   - the first thing it does is SIM_ENTRY("name") (call counting);
+ *   - a call that needs a context calls rt_ctx() first, which makes the
+ *     current device's primary context current in this thread, as the real
+ *     runtime does (retaining it the first time);
+ *   - every error it returns goes through rt_err(), which records it as the
+ *     thread's last error (cudaGetLastError returns and clears it; nothing
+ *     is sticky, because nothing runs that could corrupt a context).
+ */
+#ifndef GPUMEM_SIM_RT_INTERNAL_H
+#define GPUMEM_SIM_RT_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include "rt_api.h"
+#include "simcommon.h"
+
+#define RT_API SIM_API
+
+/* Records e as the calling thread's last error unless it is cudaSuccess;
+ * returns e. */
+cudaError_t rt_err(cudaError_t e);
+/* The runtime error for a driver result (the codes coincide), recorded. */
+cudaError_t rt_cu(CUresult r);
+
+/* cuInit once per process; cudaSuccess, or the error every call returns
+ * (cudaErrorNoDevice, cudaErrorInitializationError). Not recorded. */
+cudaError_t rt_init(void);
+int rt_device_count(void);
+int rt_current_device(void);
+/* Valid device ordinal? */
+int rt_valid_device(int dev);
+/* Make the current device's primary context current in this thread. The
+ * result is not recorded; callers pass it to rt_err. */
+cudaError_t rt_ctx(void);
+/* Same for a given device, without changing the current device. */
+cudaError_t rt_ctx_for(int dev);
+/* The primary context of dev (retaining it the first time), or NULL. */
+CUcontext rt_primary_ctx(int dev);
+
+/* Per-thread default stream handling for the _ptsz/_ptds entry points:
+ * stream 0 there means the per-thread stream. */
+static inline cudaStream_t rt_ptsz(cudaStream_t s) { return s ? s : cudaStreamPerThread; }
+
+/* rt_launch.c: the host copy of a __device__ variable registered with
+ * __cudaRegisterVar (allocated on first use), or NULL. */
+void *rt_symbol_address(const void *symbol, size_t *size);
+/* rt_launch.c: counters for the report. */
+void rt_launch_report(sim_sb_t *sb);
+/* rt_memory.c: host-allocation counters for the report. */
+void rt_memory_report(sim_sb_t *sb);
+
+#endif /* GPUMEM_SIM_RT_INTERNAL_H */

@@ -1,0 +1,537 @@
+/*
+ * rt_memory.c - memory in the fake runtime: cudaMalloc/cudaFree/
+ * cudaMemGetInfo (on the fake driver's cuMemAlloc, so capacity and
+ * accounting live in one place), pinned host memory (cudaHostAlloc,
+ * cudaMallocHost, cudaHostRegister; kept here, it is not device memory),
+ * cudaPointerGetAttributes, and the copies and memsets, which really copy.
+ *
+ * Everything is synchronous: an async copy has happened when the call
+ * returns. Device ranges are checked by the driver; host ranges cannot be
+ * (any pointer that is not device memory is host memory).
+ *
+ * Out of memory: cudaMalloc returns cudaErrorMemoryAllocation and records
+ * it as the thread's last error; like the real runtime the error is not
+ * sticky, cudaGetLastError returns and clears it.
+ */
+#include "rt_internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* ------------------------------------------------------------------ */
+/* pinned host memory                                                   */
+
+typedef struct {
+    char *ptr;
+    size_t size, map_size; /* map_size 0: registered by the caller, not ours */
+    unsigned int flags;
+    int device;
+} host_range_t;
+
+static pthread_mutex_t host_mu = PTHREAD_MUTEX_INITIALIZER;
+static host_range_t *hosts; /* sorted by ptr, non-overlapping */
+static size_t nhosts, caphosts;
+static size_t host_bytes, host_peak, host_allocs;
+
+/* Index of the range containing p, or -1. Caller holds host_mu. */
+static long host_find(const void *p)
+{
+    size_t lo = 0, hi = nhosts;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (hosts[mid].ptr <= (const char *)p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return -1;
+    const host_range_t *h = &hosts[lo - 1];
+    return (const char *)p < h->ptr + h->size ? (long)(lo - 1) : -1;
+}
+
+/* Inserts r unless it overlaps a range; 0, or a cudaError_t. */
+static cudaError_t host_insert(host_range_t r)
+{
+    size_t i = 0;
+    while (i < nhosts && hosts[i].ptr < r.ptr)
+        i++;
+    if ((i > 0 && hosts[i - 1].ptr + hosts[i - 1].size > r.ptr) ||
+        (i < nhosts && r.ptr + r.size > hosts[i].ptr))
+        return cudaErrorHostMemoryAlreadyRegistered;
+    if (nhosts == caphosts) {
+        size_t cap = caphosts ? caphosts * 2 : 64;
+        host_range_t *v = realloc(hosts, cap * sizeof *v);
+        if (!v)
+            return cudaErrorMemoryAllocation;
+        hosts = v;
+        caphosts = cap;
+    }
+    memmove(&hosts[i + 1], &hosts[i], (nhosts - i) * sizeof *hosts);
+    hosts[i] = r;
+    nhosts++;
+    return cudaSuccess;
+}
+
+static void host_remove_at(size_t i)
+{
+    memmove(&hosts[i], &hosts[i + 1], (nhosts - i - 1) * sizeof *hosts);
+    nhosts--;
+}
+
+static cudaError_t host_alloc(void **pHost, size_t size, unsigned int flags)
+{
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    if (!pHost || (flags & ~0x0fu))
+        return rt_err(cudaErrorInvalidValue);
+    if (size == 0) {
+        *pHost = NULL;
+        return cudaSuccess;
+    }
+    size_t map = (size + 4095) & ~(size_t)4095;
+    if (map < size)
+        return rt_err(cudaErrorMemoryAllocation);
+    void *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return rt_err(cudaErrorMemoryAllocation);
+    host_range_t r = {p, size, map, flags, rt_current_device()};
+    pthread_mutex_lock(&host_mu);
+    e = host_insert(r);
+    if (e == cudaSuccess) {
+        host_bytes += size;
+        host_allocs++;
+        if (host_bytes > host_peak)
+            host_peak = host_bytes;
+    }
+    pthread_mutex_unlock(&host_mu);
+    if (e != cudaSuccess) {
+        munmap(p, map);
+        return rt_err(cudaErrorMemoryAllocation);
+    }
+    *pHost = p;
+    return cudaSuccess;
+}
+
+RT_API cudaError_t CUDARTAPI cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+    SIM_ENTRY("cudaHostAlloc");
+    return host_alloc(pHost, size, flags);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMallocHost(void **ptr, size_t size)
+{
+    SIM_ENTRY("cudaMallocHost");
+    return host_alloc(ptr, size, cudaHostAllocDefault);
+}
+
+RT_API cudaError_t CUDARTAPI cudaFreeHost(void *ptr)
+{
+    SIM_ENTRY("cudaFreeHost");
+    if (!ptr)
+        return cudaSuccess;
+    pthread_mutex_lock(&host_mu);
+    long i = host_find(ptr);
+    host_range_t r = {0};
+    if (i >= 0 && hosts[i].ptr == ptr && hosts[i].map_size) {
+        r = hosts[i];
+        host_remove_at((size_t)i);
+        host_bytes -= r.size;
+    }
+    pthread_mutex_unlock(&host_mu);
+    if (!r.ptr)
+        return rt_err(cudaErrorInvalidValue);
+    munmap(r.ptr, r.map_size);
+    return cudaSuccess;
+}
+
+RT_API cudaError_t CUDARTAPI cudaHostRegister(void *ptr, size_t size, unsigned int flags)
+{
+    SIM_ENTRY("cudaHostRegister");
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    if (!ptr || size == 0 || (flags & ~0x0fu))
+        return rt_err(cudaErrorInvalidValue);
+    host_range_t r = {ptr, size, 0, flags, rt_current_device()};
+    pthread_mutex_lock(&host_mu);
+    e = host_insert(r);
+    pthread_mutex_unlock(&host_mu);
+    return rt_err(e);
+}
+
+RT_API cudaError_t CUDARTAPI cudaHostUnregister(void *ptr)
+{
+    SIM_ENTRY("cudaHostUnregister");
+    cudaError_t e = cudaErrorHostMemoryNotRegistered;
+    pthread_mutex_lock(&host_mu);
+    long i = host_find(ptr);
+    if (i >= 0 && hosts[i].ptr == ptr && hosts[i].map_size == 0) {
+        host_remove_at((size_t)i);
+        e = cudaSuccess;
+    }
+    pthread_mutex_unlock(&host_mu);
+    return rt_err(e);
+}
+
+RT_API cudaError_t CUDARTAPI cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags)
+{
+    SIM_ENTRY("cudaHostGetDevicePointer");
+    if (!pDevice || flags != 0)
+        return rt_err(cudaErrorInvalidValue);
+    pthread_mutex_lock(&host_mu);
+    long i = host_find(pHost);
+    pthread_mutex_unlock(&host_mu);
+    if (i < 0)
+        return rt_err(cudaErrorInvalidValue);
+    *pDevice = pHost; /* unified addressing: the same address */
+    return cudaSuccess;
+}
+
+RT_API cudaError_t CUDARTAPI cudaHostGetFlags(unsigned int *pFlags, void *pHost)
+{
+    SIM_ENTRY("cudaHostGetFlags");
+    if (!pFlags)
+        return rt_err(cudaErrorInvalidValue);
+    pthread_mutex_lock(&host_mu);
+    long i = host_find(pHost);
+    if (i >= 0)
+        *pFlags = hosts[i].flags | cudaHostAllocMapped;
+    pthread_mutex_unlock(&host_mu);
+    return i >= 0 ? cudaSuccess : rt_err(cudaErrorInvalidValue);
+}
+
+void rt_memory_report(sim_sb_t *sb)
+{
+    pthread_mutex_lock(&host_mu);
+    sim_sb_printf(sb, "\"host\": {\"bytes\": %zu, \"peak_bytes\": %zu, \"allocations\": %zu, "
+                      "\"ranges\": %zu}",
+                  host_bytes, host_peak, host_allocs, nhosts);
+    pthread_mutex_unlock(&host_mu);
+}
+
+/* ------------------------------------------------------------------ */
+/* device memory                                                        */
+
+RT_API cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size)
+{
+    SIM_ENTRY("cudaMalloc");
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    if (!devPtr)
+        return rt_err(cudaErrorInvalidValue);
+    if (size == 0) {
+        *devPtr = NULL;
+        return cudaSuccess;
+    }
+    CUdeviceptr p = 0;
+    CUresult r = cuMemAlloc_v2(&p, size);
+    if (r != CUDA_SUCCESS)
+        return rt_err(r == CUDA_ERROR_OUT_OF_MEMORY ? cudaErrorMemoryAllocation : (cudaError_t)r);
+    *devPtr = (void *)(uintptr_t)p;
+    return cudaSuccess;
+}
+
+/* Like the real runtime, cudaFree waits for the device first. */
+RT_API cudaError_t CUDARTAPI cudaFree(void *devPtr)
+{
+    SIM_ENTRY("cudaFree");
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    if (!devPtr)
+        return cudaSuccess;
+    cuCtxSynchronize();
+    return rt_cu(cuMemFree_v2((CUdeviceptr)(uintptr_t)devPtr));
+}
+
+static cudaError_t check_stream(cudaStream_t s)
+{
+    unsigned int flags;
+    return rt_cu(cuStreamGetFlags(s, &flags));
+}
+
+/* Stream-ordered allocation, without pools: the memory exists at once and
+ * is freed at once (every schedule the real one allows includes this). */
+RT_API cudaError_t CUDARTAPI cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
+{
+    SIM_ENTRY("cudaMallocAsync");
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    if ((e = check_stream(hStream)) != cudaSuccess)
+        return e;
+    if (!devPtr)
+        return rt_err(cudaErrorInvalidValue);
+    CUdeviceptr p = 0;
+    CUresult r = size ? cuMemAlloc_v2(&p, size) : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS)
+        return rt_err(r == CUDA_ERROR_OUT_OF_MEMORY ? cudaErrorMemoryAllocation : (cudaError_t)r);
+    *devPtr = (void *)(uintptr_t)p;
+    return cudaSuccess;
+}
+
+RT_API cudaError_t CUDARTAPI cudaFreeAsync(void *devPtr, cudaStream_t hStream)
+{
+    SIM_ENTRY("cudaFreeAsync");
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    if ((e = check_stream(hStream)) != cudaSuccess)
+        return e;
+    if (!devPtr)
+        return cudaSuccess;
+    return rt_cu(cuMemFree_v2((CUdeviceptr)(uintptr_t)devPtr));
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemGetInfo(size_t *free, size_t *total)
+{
+    SIM_ENTRY("cudaMemGetInfo");
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    return rt_cu(cuMemGetInfo_v2(free, total));
+}
+
+RT_API cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
+                                                      const void *ptr)
+{
+    SIM_ENTRY("cudaPointerGetAttributes");
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    if (!attributes)
+        return rt_err(cudaErrorInvalidValue);
+    memset(attributes, 0, sizeof *attributes);
+    pthread_mutex_lock(&host_mu);
+    long i = host_find(ptr);
+    int host_dev = i >= 0 ? hosts[i].device : 0;
+    pthread_mutex_unlock(&host_mu);
+    int dev;
+    if (i >= 0) {
+        attributes->type = cudaMemoryTypeHost;
+        attributes->device = host_dev;
+        attributes->devicePointer = (void *)ptr;
+        attributes->hostPointer = (void *)ptr;
+    } else if (cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                     (CUdeviceptr)(uintptr_t)ptr) == CUDA_SUCCESS) {
+        attributes->type = cudaMemoryTypeDevice;
+        attributes->device = dev;
+        attributes->devicePointer = (void *)ptr;
+    } else {
+        attributes->type = cudaMemoryTypeUnregistered;
+        attributes->device = -2; /* cudaInvalidDeviceId */
+        attributes->hostPointer = (void *)ptr;
+    }
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------------ */
+/* copies and memsets                                                   */
+
+/* One 1D copy. stream: NULL for a synchronous call, else a stream pointer
+ * (which may itself be 0, the legacy stream). */
+static cudaError_t copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                        const cudaStream_t *stream)
+{
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, s = (CUdeviceptr)(uintptr_t)src;
+    CUstream st = stream ? *stream : NULL;
+    if (n == 0)
+        return cudaSuccess;
+    switch (kind) {
+    case cudaMemcpyHostToHost:
+        if (stream) {
+            unsigned int f;
+            CUresult r = cuStreamGetFlags(st, &f);
+            if (r != CUDA_SUCCESS)
+                return (cudaError_t)r;
+        }
+        if (!dst || !src)
+            return cudaErrorInvalidValue;
+        memmove(dst, src, n);
+        return cudaSuccess;
+    case cudaMemcpyHostToDevice:
+        return (cudaError_t)(stream ? cuMemcpyHtoDAsync_v2(d, src, n, st) : cuMemcpyHtoD_v2(d, src, n));
+    case cudaMemcpyDeviceToHost:
+        return (cudaError_t)(stream ? cuMemcpyDtoHAsync_v2(dst, s, n, st) : cuMemcpyDtoH_v2(dst, s, n));
+    case cudaMemcpyDeviceToDevice:
+        return (cudaError_t)(stream ? cuMemcpyDtoDAsync_v2(d, s, n, st) : cuMemcpyDtoD_v2(d, s, n));
+    case cudaMemcpyDefault:
+        return (cudaError_t)(stream ? cuMemcpyAsync(d, s, n, st) : cuMemcpy(d, s, n));
+    default:
+        return cudaErrorInvalidMemcpyDirection;
+    }
+}
+
+static cudaError_t memcpy_1d(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                             const cudaStream_t *stream)
+{
+    cudaError_t e = rt_ctx();
+    if (e == cudaSuccess)
+        e = copy(dst, src, count, kind, stream);
+    return rt_err(e);
+}
+
+static cudaError_t memcpy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                             size_t height, enum cudaMemcpyKind kind, const cudaStream_t *stream)
+{
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    if (height > 1 && (width > dpitch || width > spitch))
+        return rt_err(cudaErrorInvalidPitchValue);
+    for (size_t row = 0; row < height && e == cudaSuccess; row++)
+        e = copy((char *)dst + row * dpitch, (const char *)src + row * spitch, width, kind, stream);
+    return rt_err(e);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    SIM_ENTRY("cudaMemcpy");
+    return memcpy_1d(dst, src, count, kind, NULL);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemcpy_ptds(void *dst, const void *src, size_t count,
+                                             enum cudaMemcpyKind kind)
+{
+    SIM_ENTRY("cudaMemcpy_ptds");
+    return memcpy_1d(dst, src, count, kind, NULL);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemcpyAsync(void *dst, const void *src, size_t count,
+                                             enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    SIM_ENTRY("cudaMemcpyAsync");
+    return memcpy_1d(dst, src, count, kind, &stream);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count,
+                                                  enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    SIM_ENTRY("cudaMemcpyAsync_ptsz");
+    stream = rt_ptsz(stream);
+    return memcpy_1d(dst, src, count, kind, &stream);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                          size_t width, size_t height, enum cudaMemcpyKind kind)
+{
+    SIM_ENTRY("cudaMemcpy2D");
+    return memcpy_2d(dst, dpitch, src, spitch, width, height, kind, NULL);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemcpy2D_ptds(void *dst, size_t dpitch, const void *src,
+                                               size_t spitch, size_t width, size_t height,
+                                               enum cudaMemcpyKind kind)
+{
+    SIM_ENTRY("cudaMemcpy2D_ptds");
+    return memcpy_2d(dst, dpitch, src, spitch, width, height, kind, NULL);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
+                                               size_t spitch, size_t width, size_t height,
+                                               enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    SIM_ENTRY("cudaMemcpy2DAsync");
+    return memcpy_2d(dst, dpitch, src, spitch, width, height, kind, &stream);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemcpy2DAsync_ptsz(void *dst, size_t dpitch, const void *src,
+                                                    size_t spitch, size_t width, size_t height,
+                                                    enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    SIM_ENTRY("cudaMemcpy2DAsync_ptsz");
+    stream = rt_ptsz(stream);
+    return memcpy_2d(dst, dpitch, src, spitch, width, height, kind, &stream);
+}
+
+static cudaError_t memcpy_peer(void *dst, int dstDevice, const void *src, int srcDevice,
+                               size_t count, const cudaStream_t *stream)
+{
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    CUcontext dc = rt_primary_ctx(dstDevice), sc = rt_primary_ctx(srcDevice);
+    if (!dc || !sc)
+        return rt_err(cudaErrorInvalidDevice);
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, s = (CUdeviceptr)(uintptr_t)src;
+    if (stream)
+        return rt_cu(cuMemcpyPeerAsync(d, dc, s, sc, count, *stream));
+    return rt_cu(cuMemcpyPeer(d, dc, s, sc, count));
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice,
+                                            size_t count)
+{
+    SIM_ENTRY("cudaMemcpyPeer");
+    return memcpy_peer(dst, dstDevice, src, srcDevice, count, NULL);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src,
+                                                 int srcDevice, size_t count, cudaStream_t stream)
+{
+    SIM_ENTRY("cudaMemcpyPeerAsync");
+    return memcpy_peer(dst, dstDevice, src, srcDevice, count, &stream);
+}
+
+static cudaError_t memset_2d(void *devPtr, size_t pitch, int value, size_t width, size_t height,
+                             const cudaStream_t *stream)
+{
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        return rt_err(e);
+    if (height > 1 && width > pitch)
+        return rt_err(cudaErrorInvalidPitchValue);
+    for (size_t row = 0; row < height; row++) {
+        CUdeviceptr p = (CUdeviceptr)(uintptr_t)devPtr + row * pitch;
+        CUresult r = stream ? cuMemsetD8Async(p, (unsigned char)value, width, *stream)
+                            : cuMemsetD8_v2(p, (unsigned char)value, width);
+        if (r != CUDA_SUCCESS)
+            return rt_cu(r);
+    }
+    return cudaSuccess;
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemset(void *devPtr, int value, size_t count)
+{
+    SIM_ENTRY("cudaMemset");
+    return memset_2d(devPtr, count, value, count, 1, NULL);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemset_ptds(void *devPtr, int value, size_t count)
+{
+    SIM_ENTRY("cudaMemset_ptds");
+    return memset_2d(devPtr, count, value, count, 1, NULL);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
+{
+    SIM_ENTRY("cudaMemsetAsync");
+    return memset_2d(devPtr, count, value, count, 1, &stream);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemsetAsync_ptsz(void *devPtr, int value, size_t count,
+                                                  cudaStream_t stream)
+{
+    SIM_ENTRY("cudaMemsetAsync_ptsz");
+    stream = rt_ptsz(stream);
+    return memset_2d(devPtr, count, value, count, 1, &stream);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemset2D(void *devPtr, size_t pitch, int value, size_t width,
+                                          size_t height)
+{
+    SIM_ENTRY("cudaMemset2D");
+    return memset_2d(devPtr, pitch, value, width, height, NULL);
+}
+
+RT_API cudaError_t CUDARTAPI cudaMemset2DAsync(void *devPtr, size_t pitch, int value, size_t width,
+                                               size_t height, cudaStream_t stream)
+{
+    SIM_ENTRY("cudaMemset2DAsync");
+    return memset_2d(devPtr, pitch, value, width, height, &stream);
+}
