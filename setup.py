@@ -28,7 +28,7 @@ def _relative_glob(pattern):
     # setuptools wants source paths relative to the project root.
     return sorted(
         os.path.relpath(p, HERE).replace(os.sep, "/")
-        for p in glob.glob(os.path.join(HERE, pattern))
+        for p in glob.glob(os.path.join(HERE, pattern), recursive=True)
     )
 
 
@@ -127,6 +127,20 @@ def _load_sim_build():
 
 
 class BuildWithSimulator(build_ext):
+    """build_ext, then the simulated GPU's fake CUDA libraries (csrc/sim),
+    and (for wheels) the torch shim's sources; see run()."""
+
+    def _ship_shim_sources(self, dest):
+        """A wheel has no csrc/: the torch shim, built on the user's machine
+        against their torch at the first gpumem.install(), needs its C++
+        sources and the C headers it includes (gpumem/_shim_build.py)."""
+        import shutil
+        files = _relative_glob("csrc/torch/*.cpp") + _relative_glob("csrc/**/*.h")
+        for rel in files:
+            target = os.path.join(dest, os.path.relpath(rel, "csrc"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(os.path.join(HERE, rel), target)
+
     """build_ext, then the simulated GPU's fake CUDA libraries (csrc/sim).
 
     They are separate shared libraries with NVIDIA's sonames, loaded only by
@@ -138,6 +152,8 @@ class BuildWithSimulator(build_ext):
     def run(self):
         super().run()
         pkg = os.path.join(HERE, "gpumem") if self.inplace else os.path.join(self.build_lib, "gpumem")
+        if not self.inplace:
+            self._ship_shim_sources(os.path.join(pkg, "_csrc"))
         out = os.path.join(pkg, "_sim")
         work = os.path.join(self.build_temp, "gpumem_sim")
         try:

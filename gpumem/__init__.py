@@ -6,16 +6,34 @@ device today: `Allocator` runs the core without a GPU, and
 through it. `record_memory_history()` / `snapshot()` / `dump_snapshot()`
 record allocator events with their Python stacks and write snapshots that
 PyTorch's memory_viz opens (gpumem.history).
+
+With PyTorch, `gpumem.install()` (before the first CUDA tensor) makes gpumem
+torch's CUDA allocator; `gpumem.memory_stats()`, `memory_summary()` and the
+other torch.cuda-style functions (gpumem.stats) then report it, and torch's
+own names are routed to them (gpumem._torch). Importing gpumem never imports
+torch.
 """
 
 from gpumem._C import Allocator, OutOfMemoryError, format_size
+from gpumem._torch import (InstallError, TorchMissingError, install, is_installed,
+                           uninstall_patches)
 from gpumem.history import (_dump_snapshot, _record_memory_history, _snapshot, dump_snapshot,
                             get_memory_metadata, history_overhead_bytes, record_memory_history,
                             set_memory_metadata, snapshot)
+from gpumem.stats import (empty_cache, get_per_process_memory_fraction, max_memory_allocated,
+                          max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
+                          memory_snapshot, memory_stats, memory_summary,
+                          reset_accumulated_memory_stats, reset_peak_memory_stats,
+                          set_per_process_memory_fraction)
 
 __version__ = "0.1.0"
 
 __all__ = ["Allocator", "OutOfMemoryError", "format_size", "__version__",
            "record_memory_history", "snapshot", "dump_snapshot", "set_memory_metadata",
            "get_memory_metadata", "history_overhead_bytes", "_record_memory_history",
-           "_snapshot", "_dump_snapshot"]
+           "_snapshot", "_dump_snapshot",
+           "install", "is_installed", "uninstall_patches", "InstallError", "TorchMissingError",
+           "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+           "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
+           "memory_summary", "empty_cache", "mem_get_info", "set_per_process_memory_fraction",
+           "get_per_process_memory_fraction", "memory_snapshot"]

@@ -37,7 +37,7 @@ PyObject *gm_py_raise(int code, const char *detail) {
     return NULL;
 }
 
-PyObject *gm_py_raise_oom(int device, const gm_oom_info_t *o) {
+void gm_py_format_oom(int device, const gm_oom_info_t *o, char *buf, size_t buflen) {
     char want[32], total[32], freeb[32], alloc[32], unalloc[32], allowed[48] = "";
     gm_format_size(o->alloc_size, want, sizeof want);
     gm_format_size(o->device_total, total, sizeof total);
@@ -48,12 +48,18 @@ PyObject *gm_py_raise_oom(int device, const gm_oom_info_t *o) {
         gm_format_size(o->allowed, allowed, sizeof allowed - 10);
         strcat(allowed, " allowed; ");
     }
-    PyObject *msg = PyUnicode_FromFormat(
-        "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which "
-        "%s is free. %sOf the allocated memory %s is allocated by gpumem, and %s is reserved by "
-        "gpumem but unallocated. If reserved but unallocated memory is large try setting "
-        "GPUMEM_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
-        want, device, total, freeb, allowed, alloc, unalloc);
+    snprintf(buf, buflen,
+             "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which "
+             "%s is free. %sOf the allocated memory %s is allocated by gpumem, and %s is reserved "
+             "by gpumem but unallocated. If reserved but unallocated memory is large try setting "
+             "GPUMEM_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+             want, device, total, freeb, allowed, alloc, unalloc);
+}
+
+PyObject *gm_py_raise_oom(int device, const gm_oom_info_t *o) {
+    char text[512];
+    gm_py_format_oom(device, o, text, sizeof text);
+    PyObject *msg = PyUnicode_FromString(text);
     if (!msg)
         return NULL;
     PyObject *exc = PyObject_CallOneArg(gm_py_oom_error, msg);
@@ -346,7 +352,7 @@ PyMODINIT_FUNC PyInit__C(void) {
         NULL);
     if (!gm_py_oom_error || PyModule_AddObjectRef(m, "OutOfMemoryError", gm_py_oom_error) < 0 ||
         gm_py_allocator_register(m) < 0 || gm_py_hist_capture_init(m) < 0 ||
-        gm_py_hist_snapshot_init(m) < 0 ||
+        gm_py_hist_snapshot_init(m) < 0 || gm_py_core_api_init(m) < 0 ||
         PyModule_AddIntConstant(m, "MIN_BLOCK_SIZE", (long)GM_MIN_BLOCK_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SMALL_SIZE", (long)GM_SMALL_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "SMALL_BUFFER", (long)GM_SMALL_BUFFER) < 0 ||

@@ -26,28 +26,48 @@ typedef struct trace_ev {
     uint32_t ctx;
 } trace_ev_t;
 
-/* The process's CUDA driver, opened on first use (protected by: GIL). */
+/* The process's CUDA driver, opened on first use, by gpumem._C.Allocator
+ * or by the torch shim through the core API capsule (which may call without
+ * the GIL). g_cuda is set once and never changes after
+ * (protected by: g_cuda_lock until set, immutable after). */
 static gm_cuda_t *g_cuda = NULL;
+static pthread_mutex_t g_cuda_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_vmm_warned = 0; /* protected by: GIL */
 
-static gm_cuda_t *cuda_get(const char *path) {
+/* Open the driver once (path NULL: $GPUMEM_LIBCUDA, else libcuda.so.1).
+ * A later call naming a different library fails. No GIL needed. */
+int gm_py_cuda_handle(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
+    pthread_mutex_lock(&g_cuda_lock);
+    int rc = GM_OK;
     if (g_cuda) {
         if (path && path[0] && strcmp(path, gm_cuda_path(g_cuda))) {
-            PyErr_Format(PyExc_RuntimeError,
-                         "the CUDA driver is already loaded from %s; cannot load %s as well",
-                         gm_cuda_path(g_cuda), path);
-            return NULL;
+            snprintf(err, errlen, "the CUDA driver is already loaded from %s; cannot load %s as well",
+                     gm_cuda_path(g_cuda), path);
+            rc = GM_ESTATE;
         }
-        return g_cuda;
+    } else {
+        gm_cuda_t *c = NULL;
+        rc = gm_cuda_open(path, &c, err, errlen);
+        if (rc == GM_OK)
+            g_cuda = c;
     }
+    *out = rc == GM_OK ? g_cuda : NULL;
+    pthread_mutex_unlock(&g_cuda_lock);
+    return rc;
+}
+
+static gm_cuda_t *cuda_get(const char *path) {
     char err[768];
-    int rc = gm_cuda_open(path, &g_cuda, err, sizeof err);
+    gm_cuda_t *c = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = gm_py_cuda_handle(path, &c, err, sizeof err);
+    Py_END_ALLOW_THREADS
     if (rc) {
-        g_cuda = NULL;
         PyErr_SetString(PyExc_RuntimeError, err);
         return NULL;
     }
-    return g_cuda;
+    return c;
 }
 
 typedef struct {

@@ -18,6 +18,8 @@ extern PyObject *gm_py_oom_error;
 PyObject *gm_py_raise(int code, const char *detail);
 /* Raise OutOfMemoryError with torch-style text and attributes; returns NULL. */
 PyObject *gm_py_raise_oom(int device, const gm_oom_info_t *oom);
+/* The out-of-memory text (torch's layout, gpumem's wording) into buf. */
+void gm_py_format_oom(int device, const gm_oom_info_t *oom, char *buf, size_t buflen);
 /* dict (or None) -> settings; 0 on success, -1 with an exception set. */
 int gm_py_settings_from_obj(PyObject *obj, gm_settings_t *out);
 PyObject *gm_py_settings_to_dict(const gm_settings_t *s);
@@ -27,6 +29,12 @@ PyObject *gm_py_stats_dict(const gm_stats_t *st);
 PyObject *gm_py_segments(gm_alloc_t *a);
 
 int gm_py_allocator_register(PyObject *module);
+/* The capsule gpumem._C._core_api (core_api.c). */
+int gm_py_core_api_init(PyObject *module);
+/* The process's CUDA driver handle, opened once (pyalloc.c); no GIL needed.
+ * 0, or a GM_E* code with one sentence in err. */
+struct gm_cuda;
+int gm_py_cuda_handle(const char *path, struct gm_cuda **out, char *err, size_t errlen);
 /* The core allocator of a gpumem._C.Allocator (borrowed); NULL + exception. */
 gm_alloc_t *gm_py_allocator_core(PyObject *obj);
 

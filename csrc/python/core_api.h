@@ -1,0 +1,91 @@
+/*
+ * core_api.h - the allocator core as a table of function pointers, published
+ * by gpumem._C as the capsule "gpumem._C._core_api".
+ *
+ * The torch shim (csrc/torch, C++) links only against torch: it reaches the
+ * core through this table, so one copy of the core (the one inside
+ * gpumem._C) serves both Python and torch, with one set of stats and one
+ * memory history. The table is versioned: a consumer checks `version` (the
+ * layout's major number; a change to an existing member bumps it) and that
+ * `size` covers every member it uses (members are only ever appended).
+ *
+ * Rules for callers:
+ *   - The core functions (malloc .. walk) take the allocator lock and never
+ *     the GIL; call them with or without the GIL, but never from inside a
+ *     walk callback.
+ *   - cuda_create/cuda_device_count/mem_get_info load the CUDA driver on
+ *     first use ($GPUMEM_LIBCUDA or libcuda.so.1) under a process-wide
+ *     mutex; they do not need the GIL either.
+ *   - The Python helpers (stats_dict, settings_from_obj) need the GIL.
+ * Nothing here allocates a Python object while an allocator lock is held.
+ */
+#ifndef GM_PYTHON_CORE_API_H
+#define GM_PYTHON_CORE_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/gm_alloc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GM_CORE_API_VERSION 1
+#define GM_CORE_API_CAPSULE "gpumem._C._core_api"
+
+struct _object; /* PyObject, without requiring Python.h here */
+
+typedef struct gm_core_api {
+    uint32_t version; /* GM_CORE_API_VERSION */
+    uint32_t size;    /* sizeof(gm_core_api_t) of the publisher */
+
+    /* ---- the CUDA driver backend (shared with gpumem._C.Allocator) ---- */
+    /* Number of devices the driver reports; loads the driver if needed.
+     * On failure: a GM_E* code and one sentence in err. */
+    int (*cuda_device_count)(int *count, char *err, size_t errlen);
+    /* A new core for `device` on the driver backend (settings NULL: the
+     * defaults). The caller attaches it to memory history if it wants. */
+    int (*cuda_create)(int device, const gm_settings_t *settings, gm_alloc_t **out, char *err,
+                       size_t errlen);
+    /* Free and total bytes of the device, from the driver. */
+    int (*mem_get_info)(int device, size_t *free_bytes, size_t *total_bytes, char *err,
+                        size_t errlen);
+
+    /* ---- the core (gm_alloc.h) ---- */
+    void (*destroy)(gm_alloc_t *a);
+    int (*malloc)(gm_alloc_t *a, size_t size, uintptr_t stream, uint32_t ctx, uintptr_t *out_ptr,
+                  gm_oom_info_t *oom);
+    int (*free)(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx);
+    int (*record_stream)(gm_alloc_t *a, uintptr_t ptr, uintptr_t stream);
+    int (*empty_cache)(gm_alloc_t *a, uint32_t ctx);
+    int (*set_memory_fraction)(gm_alloc_t *a, double fraction);
+    size_t (*memory_limit)(gm_alloc_t *a);
+    void (*get_stats)(gm_alloc_t *a, gm_stats_t *out);
+    void (*reset_peak_stats)(gm_alloc_t *a);
+    void (*reset_accumulated_stats)(gm_alloc_t *a);
+    const char *(*last_error)(const gm_alloc_t *a);
+    int (*walk)(gm_alloc_t *a, gm_segment_fn fn, void *arg);
+    const char *(*strerror)(int code);
+    /* 1 if expandable segments are in use (settings ask and the device has VMM). */
+    int (*expandable_active)(gm_alloc_t *a);
+
+    /* 1 while memory history is being recorded (any level), else 0. */
+    int (*hist_enabled)(void);
+
+    /* ---- text ---- */
+    void (*format_size)(size_t bytes, char *buf, size_t buflen);
+    /* The out-of-memory message gpumem raises, in torch's layout. */
+    void (*format_oom)(int device, const gm_oom_info_t *oom, char *buf, size_t buflen);
+
+    /* ---- Python helpers (GIL held) ---- */
+    /* torch.cuda.memory_stats()-style flat dict; new reference or NULL. */
+    struct _object *(*stats_dict)(const gm_stats_t *st);
+    /* dict (or None) -> settings: 0, or -1 with a Python exception set. */
+    int (*settings_from_obj)(struct _object *obj, gm_settings_t *out);
+} gm_core_api_t;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_PYTHON_CORE_API_H */

@@ -1,0 +1,109 @@
+/*
+ * gm_torch.h - gpumem's allocator as torch's CUDA allocator.
+ *
+ * GpumemAllocator derives from torch's C++ CUDAPluggableAllocator (so torch
+ * accepts it through change_current_allocator) and overrides what the
+ * pluggable allocator leaves out or gets wrong:
+ *   - allocate(): an exhausted device throws c10::OutOfMemoryError (Python
+ *     sees torch.OutOfMemoryError) instead of handing torch a NULL pointer;
+ *   - recordStream, emptyCache, set/getMemoryFraction, init, cacheInfo,
+ *     getBaseAllocation go to the core;
+ *   - getDeviceStats/resetPeakStats/resetAccumulatedStats report the core's
+ *     stats, so torch.cuda.memory_stats() works even without patching;
+ *   - OOM observers (torch._C._cuda_attach_out_of_memory_observer) fire.
+ * The pointer -> (size, device, stream) map of the pluggable base class is
+ * not used: each DataPtr carries a per-device deleter instead, and the core
+ * finds the block by its own pointer map.
+ *
+ * The core is reached only through gpumem._C's capsules (core_api.h,
+ * hist.h); this file set links against torch and nothing of gpumem's.
+ * Must not: hold a core lock while calling torch or Python; throw from a
+ * deleter; destroy a core (tensors may be freed during interpreter exit).
+ */
+#pragma once
+
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../history/hist.h"
+#include "../python/core_api.h"
+
+namespace gpumem {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+
+constexpr int kMaxDevices = GM_HIST_MAX_DEVICES;
+
+/* The capsule tables, set once when the module is imported. */
+extern const gm_core_api_t *g_core;
+extern const gm_hist_api_t *g_hist;
+
+class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
+ public:
+  explicit GpumemAllocator(const gm_settings_t& settings);
+  /* Never destroys the cores: see the file comment. */
+  ~GpumemAllocator() override = default;
+
+  /* The core of `device`, created on first use; throws c10::Error. */
+  gm_alloc_t* core(c10::DeviceIndex device);
+  /* The core of `device` if it exists, else nullptr. Never throws. */
+  gm_alloc_t* existing_core(int device) const;
+  void* malloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream);
+  gm_settings_t settings() const { return settings_; }
+
+  /* ---- c10::Allocator / CUDAAllocator ---- */
+  c10::DataPtr allocate(size_t size) override;
+  c10::DeleterFnPtr raw_deleter() const override;
+  void* raw_alloc(size_t nbytes) override;
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override;
+  void raw_delete(void* ptr) override;
+  void init(int device_count) override;
+  bool initialized() override;
+  double getMemoryFraction(c10::DeviceIndex device) override;
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
+  void emptyCache(c10::cuda::MempoolId_t mempool_id = {0, 0}) override;
+  void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override;
+  void* getBaseAllocation(void* ptr, size_t* size) override;
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  cca::SnapshotInfo snapshot(c10::cuda::MempoolId_t mempool, bool include_traces) override;
+  bool isHistoryEnabled() override;
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, cca::RecordContext when, bool clearHistory,
+                     const std::vector<std::string>& skip_actions) override;
+  void beginAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override;
+  void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
+  void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
+  void attachOomRejectionObserver(cca::OomRejectionObserver observer) override;
+  std::string name() override;
+
+  /* How many devices torch announced through init() (0 before). */
+  int device_count() const { return device_count_.load(); }
+
+ private:
+  [[noreturn]] void throw_oom(int device, const gm_oom_info_t& oom);
+
+  gm_settings_t settings_; /* immutable after construction */
+  /* One core per device: null until first use, then set once (under
+   * create_mu_) and never changed; read lock-free (acquire). */
+  std::atomic<gm_alloc_t*> cores_[kMaxDevices];
+  std::mutex create_mu_; /* serialises core creation */
+  std::atomic<int> device_count_{0};     /* set by init() */
+  std::atomic<bool> initialized_{false}; /* set by init() */
+  std::mutex observers_mu_;
+  std::vector<cca::OutOfMemoryObserver> oom_observers_; /* protected by: observers_mu_ */
+};
+
+/* The process's allocator once created (never freed), else nullptr. */
+GpumemAllocator* instance();
+std::shared_ptr<GpumemAllocator> create_instance(const gm_settings_t& settings);
+
+}  // namespace gpumem

@@ -1,0 +1,444 @@
+/*
+ * gm_torch_alloc.cpp - GpumemAllocator: torch's CUDA allocator interface
+ * served by gpumem's core (see gm_torch.h for what is overridden and why).
+ *
+ * Hot path: allocate() = current device + current stream + one core malloc
+ * (history capture first, outside the core lock); the DataPtr's deleter is
+ * a per-device function, so a free is one core free with no lookup table of
+ * our own. Cores are created per device on first use (torch creates its
+ * per-device allocators lazily too, and a core retains the device's primary
+ * context), attached to memory history once, and never destroyed.
+ *
+ * Note [Out of memory through the pluggable allocator]
+ * Rationale: torch's CUDAPluggableAllocator does not check a NULL from the
+ *   custom alloc function, so the usual way of plugging in an allocator turns
+ *   an OOM into a tensor with a NULL data pointer and a crash later.
+ * Approach: allocate() is overridden; on GM_EOOM the core has already freed
+ *   its cache and retried, so we format torch's message (core_api
+ *   format_oom), call the OOM observers with torch's arguments, and throw
+ *   c10::OutOfMemoryError, which torch's Python bindings turn into
+ *   torch.OutOfMemoryError. No core lock is held while throwing.
+ * Limitations: CUDA-graph private pools are not supported; the OOM
+ *   rejection observers are accepted but never called (gpumem never rejects
+ *   an allocation before trying it).
+ */
+#include "gm_torch.h"
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <utility>
+
+namespace gpumem {
+
+const gm_core_api_t* g_core = nullptr;
+const gm_hist_api_t* g_hist = nullptr;
+
+namespace {
+
+/* Set once by create_instance; the holder is leaked so that tensors freed
+ * during interpreter exit still find their allocator. */
+std::atomic<GpumemAllocator*> g_instance{nullptr};
+std::shared_ptr<GpumemAllocator>* g_holder = nullptr; /* protected by: g_create_mu */
+std::mutex g_create_mu;
+
+std::string core_error(gm_alloc_t* a, int rc) {
+  std::string s = g_core->strerror(rc);
+  const char* why = a ? g_core->last_error(a) : "";
+  if (why && *why && (rc == GM_EDEVICE || rc == GM_ENOTSUP || rc == GM_ESTATE)) {
+    s += ": ";
+    s += why;
+  }
+  return s;
+}
+
+void free_on(int device, void* p) noexcept {
+  if (!p)
+    return;
+  GpumemAllocator* alloc = g_instance.load(std::memory_order_acquire);
+  gm_alloc_t* a = alloc ? alloc->existing_core(device) : nullptr;
+  int rc = GM_ENOTFOUND;
+  if (a) {
+    /* Free sites are captured only at context level ALL (capture returns 0
+     * at once otherwise); taken before the core lock. */
+    uint32_t ctx = g_hist->capture(GM_HIST_CTX_ALL);
+    rc = g_core->free(a, reinterpret_cast<uintptr_t>(p), ctx);
+  }
+  if (rc != GM_OK) {
+    try {
+      TORCH_WARN("gpumem: could not free ", p, " on device ", device, ": ", core_error(a, rc));
+    } catch (...) {
+      /* a deleter must not throw, even with warnings turned into errors */
+    }
+  }
+}
+
+template <int D>
+void delete_on(void* p) {
+  free_on(D, p);
+}
+
+template <size_t... I>
+constexpr std::array<c10::DeleterFnPtr, sizeof...(I)> make_deleters(std::index_sequence<I...>) {
+  return {{&delete_on<static_cast<int>(I)>...}};
+}
+
+/* kDeleters[d] frees a pointer that came from device d's core. */
+constexpr auto kDeleters = make_deleters(std::make_index_sequence<kMaxDevices>{});
+
+/* For raw_delete and raw_deleter(): the device is unknown, so ask each core
+ * (one core in the common single-GPU case). */
+void delete_any(void* p) {
+  if (!p)
+    return;
+  GpumemAllocator* alloc = g_instance.load(std::memory_order_acquire);
+  if (alloc) {
+    uint32_t ctx = g_hist->capture(GM_HIST_CTX_ALL);
+    for (int d = 0; d < kMaxDevices; d++) {
+      gm_alloc_t* a = alloc->existing_core(d);
+      if (!a)
+        continue;
+      int rc = g_core->free(a, reinterpret_cast<uintptr_t>(p), ctx);
+      if (rc == GM_OK)
+        return;
+      if (rc != GM_ENOTFOUND) {
+        try {
+          TORCH_WARN("gpumem: could not free ", p, ": ", core_error(a, rc));
+        } catch (...) {
+        }
+        return;
+      }
+    }
+  }
+  try {
+    TORCH_WARN("gpumem: could not free ", p, ": no gpumem allocator owns this pointer");
+  } catch (...) {
+  }
+}
+
+int deleter_device(c10::DeleterFnPtr fn) {
+  for (int d = 0; d < kMaxDevices; d++)
+    if (kDeleters[d] == fn)
+      return d;
+  return -1;
+}
+
+void check_device(c10::DeviceIndex device) {
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "gpumem: device ", static_cast<int>(device),
+              " is out of range; gpumem supports devices 0 to ", kMaxDevices - 1);
+}
+
+struct largest_free {
+  size_t largest = 0;
+};
+
+int largest_cb(void* arg, const gm_segment_info_t* seg) {
+  auto* st = static_cast<largest_free*>(arg);
+  for (size_t i = 0; i < seg->nblocks; i++)
+    if (seg->blocks[i].state == GM_BLOCK_INACTIVE && seg->blocks[i].size > st->largest)
+      st->largest = seg->blocks[i].size;
+  return 0;
+}
+
+struct base_lookup {
+  uintptr_t ptr;
+  uintptr_t base = 0;
+  size_t size = 0;
+};
+
+int base_cb(void* arg, const gm_segment_info_t* seg) {
+  auto* st = static_cast<base_lookup*>(arg);
+  if (st->ptr >= seg->address && st->ptr < seg->address + seg->total_size) {
+    st->base = seg->address;
+    st->size = seg->total_size;
+    return 1; /* stop */
+  }
+  return 0;
+}
+
+const char* kNoHistory =
+    "gpumem records memory history itself: use gpumem.record_memory_history() and "
+    "gpumem.snapshot() / gpumem.dump_snapshot(), or call gpumem.install(patch_torch=True) so "
+    "that torch.cuda.memory._record_memory_history, _snapshot and _dump_snapshot route to gpumem";
+
+}  // namespace
+
+GpumemAllocator::GpumemAllocator(const gm_settings_t& settings)
+    : torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator(
+          /* Only reached if torch calls the base class's malloc path; every
+           * entry point that would is overridden below. */
+          [](size_t size, int device, cudaStream_t stream) -> void* {
+            return g_instance.load()->malloc_on(size, static_cast<c10::DeviceIndex>(device),
+                                                stream);
+          },
+          [](void* ptr, size_t, int device, cudaStream_t) { free_on(device, ptr); }),
+      settings_(settings) {
+  for (auto& c : cores_)
+    c.store(nullptr, std::memory_order_relaxed);
+}
+
+gm_alloc_t* GpumemAllocator::existing_core(int device) const {
+  if (device < 0 || device >= kMaxDevices)
+    return nullptr;
+  return cores_[device].load(std::memory_order_acquire);
+}
+
+gm_alloc_t* GpumemAllocator::core(c10::DeviceIndex device) {
+  check_device(device);
+  gm_alloc_t* a = cores_[device].load(std::memory_order_acquire);
+  if (C10_LIKELY(a != nullptr))
+    return a;
+  std::lock_guard<std::mutex> guard(create_mu_);
+  a = cores_[device].load(std::memory_order_relaxed);
+  if (a)
+    return a;
+  char err[768] = "";
+  int rc = g_core->cuda_create(device, &settings_, &a, err, sizeof err);
+  TORCH_CHECK(rc == GM_OK, "gpumem: ", err);
+  g_hist->attach(a, nullptr, nullptr); /* once per core: it is never replaced */
+  if (settings_.expandable_segments && !g_core->expandable_active(a)) {
+    TORCH_WARN_ONCE("gpumem: device ", static_cast<int>(device),
+                    " does not support virtual memory management; expandable_segments falls "
+                    "back to plain segments");
+  }
+  cores_[device].store(a, std::memory_order_release);
+  return a;
+}
+
+void GpumemAllocator::throw_oom(int device, const gm_oom_info_t& oom) {
+  char msg[640];
+  g_core->format_oom(device, &oom, msg, sizeof msg);
+  std::vector<cca::OutOfMemoryObserver> observers;
+  {
+    std::lock_guard<std::mutex> guard(observers_mu_);
+    observers = oom_observers_;
+  }
+  for (const auto& obs : observers)
+    obs(device, oom.alloc_size, oom.allowed ? oom.allowed : oom.device_total, oom.device_free);
+  TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+}
+
+void* GpumemAllocator::malloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+  gm_alloc_t* a = core(device);
+  /* Captured before the core takes its lock (torch: context level STATE). */
+  uint32_t ctx = g_hist->capture(GM_HIST_CTX_STATE);
+  uintptr_t p = 0;
+  gm_oom_info_t oom;
+  int rc = g_core->malloc(a, size, reinterpret_cast<uintptr_t>(stream), ctx, &p, &oom);
+  if (C10_LIKELY(rc == GM_OK))
+    return reinterpret_cast<void*>(p);
+  if (rc == GM_EOOM)
+    throw_oom(device, oom);
+  TORCH_CHECK(false, "gpumem: allocating ", size, " bytes on device ", static_cast<int>(device),
+              " failed: ", core_error(a, rc));
+}
+
+c10::DataPtr GpumemAllocator::allocate(size_t size) {
+  c10::DeviceIndex device = c10::cuda::current_device();
+  check_device(device);
+  void* p = nullptr;
+  if (size != 0)
+    p = malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  return {p, p, kDeleters[device], c10::Device(c10::DeviceType::CUDA, device)};
+}
+
+c10::DeleterFnPtr GpumemAllocator::raw_deleter() const { return &delete_any; }
+
+void* GpumemAllocator::raw_alloc(size_t nbytes) {
+  if (nbytes == 0)
+    return nullptr;
+  c10::DeviceIndex device = c10::cuda::current_device();
+  return malloc_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+}
+
+void* GpumemAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
+  if (nbytes == 0)
+    return nullptr;
+  return malloc_on(nbytes, c10::cuda::current_device(), stream);
+}
+
+void GpumemAllocator::raw_delete(void* ptr) { delete_any(ptr); }
+
+void GpumemAllocator::init(int device_count) {
+  device_count_.store(device_count);
+  initialized_.store(true);
+}
+
+bool GpumemAllocator::initialized() { return initialized_.load(); }
+
+double GpumemAllocator::getMemoryFraction(c10::DeviceIndex device) {
+  gm_alloc_t* a = core(device);
+  size_t limit = g_core->memory_limit(a);
+  if (limit == 0)
+    return 1.0;
+  size_t free_b = 0, total = 0;
+  char err[512] = "";
+  int rc = g_core->mem_get_info(device, &free_b, &total, err, sizeof err);
+  TORCH_CHECK(rc == GM_OK, "gpumem: ", err);
+  return total ? static_cast<double>(limit) / static_cast<double>(total) : 1.0;
+}
+
+void GpumemAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
+  TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "gpumem: invalid fraction ", fraction,
+              "; it must be between 0 and 1");
+  gm_alloc_t* a = core(device);
+  int rc = g_core->set_memory_fraction(a, fraction);
+  TORCH_CHECK(rc == GM_OK, "gpumem: set_per_process_memory_fraction failed: ",
+              core_error(a, rc));
+}
+
+void GpumemAllocator::emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) {
+  uint32_t ctx = g_hist->capture(GM_HIST_CTX_ALL);
+  for (int d = 0; d < kMaxDevices; d++) {
+    gm_alloc_t* a = existing_core(d);
+    if (!a)
+      continue;
+    int rc = g_core->empty_cache(a, ctx);
+    TORCH_CHECK(rc == GM_OK, "gpumem: empty_cache on device ", d, " failed: ", core_error(a, rc));
+  }
+}
+
+void GpumemAllocator::cacheInfo(c10::DeviceIndex device, size_t* largestBlock) {
+  gm_alloc_t* a = core(device);
+  if (*largestBlock == 0) { /* torch's first guess: what the device has free */
+    size_t free_b = 0, total = 0;
+    char err[512] = "";
+    if (g_core->mem_get_info(device, &free_b, &total, err, sizeof err) == GM_OK)
+      *largestBlock = free_b;
+  }
+  largest_free st;
+  g_core->walk(a, largest_cb, &st);
+  if (st.largest > *largestBlock)
+    *largestBlock = st.largest;
+}
+
+void* GpumemAllocator::getBaseAllocation(void* ptr, size_t* size) {
+  base_lookup st;
+  st.ptr = reinterpret_cast<uintptr_t>(ptr);
+  for (int d = 0; d < kMaxDevices && !st.base; d++) {
+    gm_alloc_t* a = existing_core(d);
+    if (a)
+      g_core->walk(a, base_cb, &st);
+  }
+  TORCH_CHECK(st.base != 0, "gpumem: ", ptr, " is not memory allocated by gpumem");
+  if (size)
+    *size = st.size;
+  return reinterpret_cast<void*>(st.base);
+}
+
+void GpumemAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
+  void* p = ptr.get();
+  if (!p)
+    return;
+  int device = deleter_device(ptr.get_deleter());
+  if (device < 0) {
+    if (ptr.get_deleter() != &delete_any)
+      return; /* not our memory (from_blob, another allocator): nothing to track */
+    device = ptr.device().index();
+  }
+  gm_alloc_t* a = existing_core(device);
+  if (!a)
+    return;
+  int rc = g_core->record_stream(a, reinterpret_cast<uintptr_t>(p),
+                                 reinterpret_cast<uintptr_t>(stream.stream()));
+  TORCH_CHECK(rc == GM_OK, "gpumem: record_stream(", p, ") failed: ", core_error(a, rc));
+}
+
+c10::CachingDeviceAllocator::DeviceStats GpumemAllocator::getDeviceStats(
+    c10::DeviceIndex device) {
+  c10::CachingDeviceAllocator::DeviceStats out;
+  gm_stats_t st{};
+  gm_alloc_t* a = existing_core(device);
+  if (a) {
+    g_core->get_stats(a, &st);
+  } else {
+    st.max_split_size =
+        settings_.max_split_size == SIZE_MAX ? -1 : static_cast<int64_t>(settings_.max_split_size);
+  }
+  auto conv = [](c10::CachingAllocator::Stat& dst, const gm_stat_t& src) {
+    dst.current = src.current;
+    dst.peak = src.peak;
+    dst.allocated = src.allocated;
+    dst.freed = src.freed;
+  };
+  /* gpumem's stat types are in torch's order: all, small pool, large pool. */
+  for (int t = 0; t < GM_STAT_NTYPES; t++) {
+    conv(out.allocation[t], st.allocation[t]);
+    conv(out.segment[t], st.segment[t]);
+    conv(out.active[t], st.active[t]);
+    conv(out.inactive_split[t], st.inactive_split[t]);
+    conv(out.allocated_bytes[t], st.allocated_bytes[t]);
+    conv(out.reserved_bytes[t], st.reserved_bytes[t]);
+    conv(out.active_bytes[t], st.active_bytes[t]);
+    conv(out.inactive_split_bytes[t], st.inactive_split_bytes[t]);
+    conv(out.requested_bytes[t], st.requested_bytes[t]);
+  }
+  conv(out.oversize_allocations, st.oversize_allocations);
+  conv(out.oversize_segments, st.oversize_segments);
+  out.num_alloc_retries = st.num_alloc_retries;
+  out.num_ooms = st.num_ooms;
+  out.num_sync_all_streams = st.num_sync_all_streams;
+  out.num_device_alloc = st.num_device_alloc;
+  out.num_device_free = st.num_device_free;
+  out.num_oom_rejections = 0;
+  out.max_split_size = st.max_split_size;
+  return out;
+}
+
+void GpumemAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  if (gm_alloc_t* a = existing_core(device))
+    g_core->reset_accumulated_stats(a);
+}
+
+void GpumemAllocator::resetPeakStats(c10::DeviceIndex device) {
+  if (gm_alloc_t* a = existing_core(device))
+    g_core->reset_peak_stats(a);
+}
+
+cca::SnapshotInfo GpumemAllocator::snapshot(c10::cuda::MempoolId_t, bool) {
+  TORCH_CHECK(false, kNoHistory);
+}
+
+bool GpumemAllocator::isHistoryEnabled() { return g_core->hist_enabled() != 0; }
+
+void GpumemAllocator::recordHistory(bool, cca::CreateContextFn, size_t, cca::RecordContext, bool,
+                                    const std::vector<std::string>&) {
+  TORCH_CHECK(false, kNoHistory);
+}
+
+void GpumemAllocator::beginAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t,
+                                          std::function<bool(cudaStream_t)>) {
+  TORCH_CHECK(false,
+              "gpumem does not support CUDA graph capture or private memory pools "
+              "(torch.cuda.graph, torch.cuda.MemPool, use_mem_pool) yet; run code that captures "
+              "CUDA graphs without gpumem.install()");
+}
+
+void GpumemAllocator::endAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t) {}
+
+void GpumemAllocator::releasePool(c10::DeviceIndex, c10::cuda::MempoolId_t) {}
+
+void GpumemAllocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
+  std::lock_guard<std::mutex> guard(observers_mu_);
+  oom_observers_.emplace_back(std::move(observer));
+}
+
+void GpumemAllocator::attachOomRejectionObserver(cca::OomRejectionObserver) {}
+
+std::string GpumemAllocator::name() { return "gpumem"; }
+
+GpumemAllocator* instance() { return g_instance.load(std::memory_order_acquire); }
+
+std::shared_ptr<GpumemAllocator> create_instance(const gm_settings_t& settings) {
+  std::lock_guard<std::mutex> guard(g_create_mu);
+  if (!g_holder) {
+    auto sp = std::make_shared<GpumemAllocator>(settings);
+    g_holder = new std::shared_ptr<GpumemAllocator>(sp); /* leaked on purpose */
+    g_instance.store(sp.get(), std::memory_order_release);
+  }
+  return *g_holder;
+}
+
+}  // namespace gpumem

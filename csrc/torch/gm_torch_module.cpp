@@ -1,0 +1,172 @@
+/*
+ * gm_torch_module.cpp - the Python module of the torch shim (built by
+ * gpumem/_shim_build.py with torch.utils.cpp_extension; imported only by
+ * gpumem/_torch.py and gpumem/stats.py).
+ *
+ * At import it fetches gpumem._C's capsules (_core_api, _hist_api) and
+ * refuses to load against a core whose table layout it was not built for.
+ * Functions take device indices already resolved by Python; they never
+ * initialise CUDA themselves except ensure_device(). Calls that may wait on
+ * the device (empty_cache, ensure_device) release the GIL.
+ */
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "gm_torch.h"
+
+namespace py = pybind11;
+using gpumem::GpumemAllocator;
+
+#ifndef GM_TORCH_VERSION
+#define GM_TORCH_VERSION "unknown"
+#endif
+
+namespace {
+
+GpumemAllocator& need_instance() {
+  GpumemAllocator* a = gpumem::instance();
+  if (!a)
+    throw std::runtime_error("gpumem's torch allocator has not been created; call gpumem.install()");
+  return *a;
+}
+
+void check_index(int device) {
+  if (device < 0 || device >= gpumem::kMaxDevices)
+    throw py::value_error("device " + std::to_string(device) + " is out of range");
+}
+
+template <typename T>
+const T* import_capsule(const char* name, unsigned version, const char* what) {
+  void* p = PyCapsule_Import(name, 0);
+  if (!p)
+    throw py::error_already_set();
+  const T* api = static_cast<const T*>(p);
+  unsigned have = static_cast<unsigned>(api->version);
+  if (have != version)
+    throw py::import_error(std::string("gpumem's torch shim was built for ") + what + " version " +
+                           std::to_string(version) + " but gpumem._C provides version " +
+                           std::to_string(have) +
+                           "; rebuild the shim with gpumem._shim_build.build(force=True)");
+  return api;
+}
+
+py::object stats_of(int device) {
+  check_index(device);
+  GpumemAllocator& alloc = need_instance();
+  gm_stats_t st{};
+  if (gm_alloc_t* a = alloc.existing_core(device)) {
+    gpumem::g_core->get_stats(a, &st);
+  } else { /* nothing allocated on this device yet: zeros, as torch reports */
+    size_t ms = alloc.settings().max_split_size;
+    st.max_split_size = ms == SIZE_MAX ? -1 : static_cast<int64_t>(ms);
+  }
+  PyObject* d = gpumem::g_core->stats_dict(&st);
+  if (!d)
+    throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(d);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "gpumem's torch shim: gpumem's allocator core as torch's CUDA allocator";
+  gpumem::g_core =
+      import_capsule<gm_core_api_t>(GM_CORE_API_CAPSULE, GM_CORE_API_VERSION, "core API");
+  if (gpumem::g_core->size < sizeof(gm_core_api_t))
+    throw py::import_error(
+        "gpumem._C's core API table is shorter than this torch shim expects: gpumem._C was built "
+        "from older sources than the shim; rebuild gpumem (pip install -e .)");
+  gpumem::g_hist =
+      import_capsule<gm_hist_api_t>("gpumem._C._hist_api", GM_HIST_API_VERSION, "history API");
+
+  m.def("build_info", []() {
+    py::dict d;
+    d["torch_version"] = GM_TORCH_VERSION;
+    d["core_api_version"] = GM_CORE_API_VERSION;
+    d["hist_api_version"] = GM_HIST_API_VERSION;
+    d["max_devices"] = gpumem::kMaxDevices;
+    return d;
+  });
+
+  m.def(
+      "create",
+      [](py::object settings) {
+        gm_settings_t s;
+        if (gpumem::g_core->settings_from_obj(settings.ptr(), &s) < 0)
+          throw py::error_already_set();
+        std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> a =
+            gpumem::create_instance(s);
+        return a;
+      },
+      py::arg("settings") = py::none(),
+      "Create (once) gpumem's torch allocator; returns it as torch._C._cuda_CUDAAllocator. "
+      "Settings of a second call are ignored: the first allocator stays.");
+
+  m.def("exists", []() { return gpumem::instance() != nullptr; });
+  m.def("is_current", []() {
+    GpumemAllocator* a = gpumem::instance();
+    return a != nullptr && c10::cuda::CUDACachingAllocator::get() == a;
+  });
+  m.def("initialized", []() {
+    GpumemAllocator* a = gpumem::instance();
+    return a != nullptr && a->initialized();
+  });
+  m.def("devices", []() {
+    std::vector<int> out;
+    GpumemAllocator* a = gpumem::instance();
+    for (int d = 0; a && d < gpumem::kMaxDevices; d++)
+      if (a->existing_core(d))
+        out.push_back(d);
+    return out;
+  });
+  m.def(
+      "ensure_device",
+      [](int device) {
+        check_index(device);
+        need_instance().core(static_cast<c10::DeviceIndex>(device));
+      },
+      py::call_guard<py::gil_scoped_release>(),
+      "Create the core of `device` now (loads the driver, retains the primary context).");
+  m.def("stats", &stats_of, "Flat stats dict of `device`'s core (zeros before its first use).");
+  m.def("reset_peak", [](int device) {
+    check_index(device);
+    need_instance().resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("reset_accumulated", [](int device) {
+    check_index(device);
+    need_instance().resetAccumulatedStats(static_cast<c10::DeviceIndex>(device));
+  });
+  m.def(
+      "empty_cache", []() { need_instance().emptyCache(); },
+      py::call_guard<py::gil_scoped_release>());
+  m.def("set_memory_fraction", [](double fraction, int device) {
+    check_index(device);
+    need_instance().setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("memory_fraction", [](int device) {
+    check_index(device);
+    return need_instance().getMemoryFraction(static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("memory_limit", [](int device) -> size_t {
+    check_index(device);
+    gm_alloc_t* a = need_instance().existing_core(device);
+    return a ? gpumem::g_core->memory_limit(a) : 0;
+  });
+  m.def("mem_get_info", [](int device) {
+    check_index(device);
+    size_t free_b = 0, total = 0;
+    char err[512] = "";
+    int rc;
+    {
+      py::gil_scoped_release nogil;
+      rc = gpumem::g_core->mem_get_info(device, &free_b, &total, err, sizeof err);
+    }
+    if (rc != GM_OK)
+      throw std::runtime_error(std::string("gpumem: mem_get_info failed: ") + err);
+    return py::make_tuple(free_b, total);
+  });
+  m.def("device_count", []() {
+    GpumemAllocator* a = gpumem::instance();
+    return a ? a->device_count() : 0;
+  });
+}

@@ -1,0 +1,286 @@
+"""gpumem.install(): gpumem's allocator as PyTorch's CUDA allocator.
+
+    import torch, gpumem
+    gpumem.install()          # before the first CUDA tensor
+
+From then on every CUDA tensor's memory comes from gpumem's C core, through
+the torch shim (csrc/torch, built on first use by gpumem._shim_build).  The
+shim registers with torch through ``torch.cuda.memory.CUDAPluggableAllocator``
+and ``change_current_allocator``; unlike a plain pluggable allocator it
+raises torch.OutOfMemoryError, honours record_stream, and answers
+torch.cuda.memory_stats() itself.  With ``patch_torch=True`` (the default)
+torch.cuda's memory functions and torch.cuda.memory._record_memory_history /
+_snapshot / _dump_snapshot are routed to gpumem (see PATCHED);
+``uninstall_patches()`` puts torch's own back.
+
+Settings come from GPUMEM_ALLOC_CONF, in PYTORCH_CUDA_ALLOC_CONF syntax with
+the keys gpumem implements (expandable_segments, max_split_size_mb,
+garbage_collection_threshold, roundup_power2_divisions); an unknown key or a
+bad value is refused at install().  When GPUMEM_ALLOC_CONF is not set, those
+same keys are taken from PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (keys
+that only concern torch's own allocator are ignored there).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+from gpumem._conf import ConfError, KEYS as CONF_KEYS, parse_conf
+
+__all__ = ["InstallError", "TorchMissingError", "install", "is_installed", "uninstall_patches",
+           "patches_applied", "settings_in_effect", "shim", "PATCHED"]
+
+
+class InstallError(RuntimeError):
+    """gpumem.install() could not put gpumem's allocator under torch."""
+
+
+class TorchMissingError(InstallError, ImportError):
+    """PyTorch (with CUDA) is not importable."""
+
+
+class AllocConfError(InstallError, ValueError):
+    """GPUMEM_ALLOC_CONF (or the torch variable it falls back to) is invalid."""
+
+
+_lock = threading.RLock()
+_shim = None            # the shim module once installed (protected by: _lock)
+_settings: dict | None = None
+_conf_source = ""
+_originals: dict[tuple[Any, str], Any] = {}   # (module, name) -> torch's function
+_replacements: dict[tuple[Any, str], Any] = {}
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise TorchMissingError(
+            f"gpumem.install() needs PyTorch, but `import torch` failed ({e}). Install a CUDA "
+            "build of PyTorch first; without torch, use gpumem.Allocator directly") from None
+    if not getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None):
+        raise TorchMissingError(
+            f"gpumem.install() needs a CUDA build of PyTorch; this torch ({torch.__version__}) "
+            "has no CUDA support")
+    return torch
+
+
+def _applicable_entries(text: str) -> str:
+    """The entries of a torch allocator string whose key gpumem implements."""
+    keep, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth <= 0:
+            entry = text[start:i].strip()
+            start = i + 1
+            if entry and entry.split(":", 1)[0].strip() in CONF_KEYS:
+                keep.append(entry)
+    return ",".join(keep)
+
+
+def _read_settings() -> tuple[dict, str]:
+    """(settings dict for gpumem._C, where they came from)."""
+    text = os.environ.get("GPUMEM_ALLOC_CONF")
+    if text is not None:
+        try:
+            return parse_conf(text), "GPUMEM_ALLOC_CONF"
+        except ConfError as e:
+            raise AllocConfError(f"GPUMEM_ALLOC_CONF={text!r} is invalid: {e}") from None
+    for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        text = os.environ.get(var)
+        if text:
+            sub = _applicable_entries(text)
+            try:
+                return parse_conf(sub), var
+            except ConfError as e:
+                raise AllocConfError(f"{var}={text!r} is invalid for gpumem, which takes its "
+                                     f"settings from it when GPUMEM_ALLOC_CONF is not set: "
+                                     f"{e}") from None
+    return parse_conf(None), ""
+
+
+def _device_index(device: Any) -> int:
+    """An explicit device index, without initialising CUDA."""
+    if isinstance(device, bool):
+        raise TypeError(f"device must be an int, 'cuda:N' or a torch.device, not {device!r}")
+    if isinstance(device, int):
+        index = device
+    else:
+        torch = _import_torch()
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"bad device {device!r}: {e}") from None
+        if dev.type != "cuda":
+            raise ValueError(f"gpumem serves CUDA devices; {device!r} is a {dev.type} device")
+        index = dev.index if dev.index is not None else 0
+    if index < 0:
+        raise ValueError(f"device index must be >= 0, not {index}")
+    return index
+
+
+def _not_initialised_error() -> InstallError:
+    return InstallError(
+        "gpumem.install() must be called before any CUDA allocation: torch's CUDA caching "
+        "allocator is already initialised in this process (a CUDA tensor exists, or torch.cuda "
+        "was initialised). Call gpumem.install() right after `import torch`, before any "
+        ".cuda(), .to('cuda'), torch.cuda.* call or model construction on the GPU")
+
+
+def _wrap(torch, allocator):
+    """The shim's allocator as a torch.cuda.memory.CUDAPluggableAllocator."""
+
+    class GpumemCUDAAllocator(torch.cuda.memory.CUDAPluggableAllocator):
+        """gpumem's allocator (made by the shim, not loaded from a .so by name)."""
+
+        def __init__(self, allocator):  # noqa: D107 - the base class loads a .so; not here
+            self._allocator = allocator
+
+    return GpumemCUDAAllocator(allocator)
+
+
+def install(device: Any = None, patch_torch: bool = True) -> None:
+    """Make gpumem's allocator PyTorch's CUDA allocator (call before any CUDA tensor).
+
+    device: None to create each device's allocator on its first use (as
+        torch does); an index, 'cuda:N' or torch.device to also check that
+        device and set its allocator up now.
+    patch_torch: route torch.cuda's memory functions and the memory-history
+        functions to gpumem (see PATCHED); undo with uninstall_patches().
+
+    Calling it again is harmless.  Raises TorchMissingError without a CUDA
+    build of torch, AllocConfError for bad settings, and InstallError once
+    torch's own CUDA allocator is in use.  The first call may build the
+    torch shim (gpumem._shim_build) into the per-torch cache.
+    """
+    global _shim, _settings, _conf_source
+    with _lock:
+        if _shim is None:
+            torch = _import_torch()
+            settings, source = _read_settings()
+            from gpumem import _shim_build
+            loaded = sys.modules.get(_shim_build.MODULE_NAME)
+            if torch.cuda.is_initialized() and not (loaded and loaded.is_current()):
+                raise _not_initialised_error()  # before spending time on the shim
+            try:
+                mod = _shim_build.load()
+            except _shim_build.ShimBuildError as e:
+                raise InstallError(f"gpumem.install(): {e}") from e
+            if not mod.is_current():
+                if torch.cuda.is_initialized():
+                    raise _not_initialised_error()
+                wrapped = _wrap(torch, mod.create(settings))
+                try:
+                    torch.cuda.memory.change_current_allocator(wrapped)
+                except RuntimeError as e:
+                    if "initialized" in str(e):
+                        raise _not_initialised_error() from e
+                    raise
+            _shim, _settings, _conf_source = mod, settings, source
+        if device is not None:
+            _shim.ensure_device(_device_index(device))
+        if patch_torch:
+            _apply_patches()
+
+
+def is_installed() -> bool:
+    """True once install() has made gpumem torch's CUDA allocator."""
+    return _shim is not None and bool(_shim.is_current())
+
+
+def shim():
+    """The loaded torch shim module (internal); raises if install() has not run."""
+    if _shim is None:
+        raise RuntimeError("gpumem is not installed in torch; call gpumem.install() before the "
+                           "first CUDA tensor")
+    return _shim
+
+
+def settings_in_effect() -> tuple[dict, str]:
+    """(the allocator settings dict, the variable they came from or '')."""
+    if _settings is None:
+        return _read_settings()
+    return dict(_settings), _conf_source
+
+
+# ------------------------------------------------------------- patching
+
+def _patch_table() -> dict[str, Any]:
+    from gpumem import history, stats
+    return {
+        "memory_stats": stats.memory_stats,
+        "memory_allocated": stats.memory_allocated,
+        "max_memory_allocated": stats.max_memory_allocated,
+        "memory_reserved": stats.memory_reserved,
+        "max_memory_reserved": stats.max_memory_reserved,
+        "reset_peak_memory_stats": stats.reset_peak_memory_stats,
+        "reset_accumulated_memory_stats": stats.reset_accumulated_memory_stats,
+        "memory_summary": stats.memory_summary,
+        "empty_cache": stats.empty_cache,
+        "mem_get_info": stats.mem_get_info,
+        "set_per_process_memory_fraction": stats.set_per_process_memory_fraction,
+        "get_per_process_memory_fraction": stats.get_per_process_memory_fraction,
+        "memory_snapshot": stats.memory_snapshot,
+        "_record_memory_history": history._record_memory_history,
+        "_snapshot": history._snapshot,
+        "_dump_snapshot": history._dump_snapshot,
+        "_set_memory_metadata": history._set_memory_metadata,
+        "_get_memory_metadata": history._get_memory_metadata,
+        "_memory_metadata_supported": stats._memory_metadata_supported,
+    }
+
+
+#: The torch.cuda.memory functions patch_torch=True routes to gpumem (the
+#: same names in torch.cuda are patched where torch re-exports them).
+PATCHED = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+           "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
+           "memory_summary", "empty_cache", "mem_get_info", "set_per_process_memory_fraction",
+           "get_per_process_memory_fraction", "memory_snapshot", "_record_memory_history",
+           "_snapshot", "_dump_snapshot", "_set_memory_metadata", "_get_memory_metadata",
+           "_memory_metadata_supported")
+
+
+def _apply_patches() -> None:
+    import torch
+    import torch.cuda.memory as tmem
+    table = _patch_table()
+    for name in PATCHED:
+        new = table[name]
+        original = getattr(tmem, name, None)
+        if original is None:
+            continue
+        for mod in (tmem, torch.cuda):
+            cur = getattr(mod, name, None)
+            key = (mod, name)
+            if key in _replacements and cur is _replacements[key]:
+                continue  # already ours
+            if mod is torch.cuda and cur is not original:
+                continue  # torch.cuda does not re-export it, or someone else patched it
+            _originals[key] = cur
+            _replacements[key] = new
+            setattr(mod, name, new)
+
+
+def patches_applied() -> bool:
+    """True while torch.cuda's memory functions are routed to gpumem."""
+    return any(getattr(mod, name, None) is new for (mod, name), new in _replacements.items())
+
+
+def uninstall_patches() -> None:
+    """Give torch.cuda its own memory functions back (the allocator stays gpumem's).
+
+    A function someone else replaced after install() is left alone.
+    """
+    with _lock:
+        for key, new in list(_replacements.items()):
+            mod, name = key
+            if getattr(mod, name, None) is new:
+                setattr(mod, name, _originals[key])
+            del _replacements[key]
+            _originals.pop(key, None)

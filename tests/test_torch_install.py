@@ -1,0 +1,194 @@
+"""gpumem.install(): idempotence, reversible patching, and the mistakes users
+make (install after a CUDA tensor exists, bad GPUMEM_ALLOC_CONF, no torch),
+each with a clear error."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_torch_common import ROOT, TORCH_REASON, last_json, run_gm, run_py
+
+needs_torch = pytest.mark.skipif(TORCH_REASON is not None, reason=TORCH_REASON or "")
+
+
+def test_install_twice_and_patches_reverse():
+    o = run_gm('''
+        import torch.cuda.memory as tmem
+        before = tmem._get_current_allocator().allocator()
+        gpumem.install()                        # harmless
+        gpumem.install(device=0)                # sets device 0 up now
+        routed = [torch.cuda.memory_stats is gpumem.memory_stats,
+                  tmem.memory_stats is gpumem.memory_stats,
+                  tmem._snapshot is gpumem._snapshot,
+                  tmem._record_memory_history is gpumem._record_memory_history,
+                  torch.cuda.memory_summary is gpumem.memory_summary]
+        gpumem.uninstall_patches()
+        restored = [f.__module__ for f in (torch.cuda.memory_stats, tmem.memory_stats,
+                                           tmem._snapshot, tmem._dump_snapshot,
+                                           torch.cuda.memory_summary, torch.cuda.empty_cache)]
+        try:
+            tmem._snapshot()
+            native_snapshot = "ok"
+        except RuntimeError as e:
+            native_snapshot = str(e)
+        gpumem.install()                        # patches again
+        again = torch.cuda.memory_stats is gpumem.memory_stats
+        try:
+            gpumem.install(device=5)
+            bad_device = None
+        except RuntimeError as e:
+            bad_device = str(e)
+        x = torch.ones(10, device="cuda")
+        emit({"routed": routed, "restored": restored, "again": again,
+              "installed": gpumem.is_installed(), "bad_device": bad_device,
+              "native_snapshot": native_snapshot, "name": type(before).__name__,
+              "allocated": torch.cuda.memory_allocated()})
+    ''')
+    assert all(o["routed"]), o["routed"]
+    assert set(o["restored"]) == {"torch.cuda.memory"}, o["restored"]
+    assert o["again"] and o["installed"]
+    assert "device 5 does not exist" in o["bad_device"], o["bad_device"]
+    # torch's own _snapshot cannot serve a custom allocator; gpumem says where to go
+    assert "gpumem.install(patch_torch=True)" in o["native_snapshot"], o["native_snapshot"]
+    assert o["allocated"] > 0
+
+
+def test_install_after_a_cuda_tensor_exists():
+    o = run_gm('''
+        x = torch.ones(4, device="cuda")
+        try:
+            gpumem.install()
+            err = None
+        except gpumem.InstallError as e:
+            err = str(e)
+        y = x + 1                                # torch's own allocator still works
+        emit({"err": err, "installed": gpumem.is_installed(),
+              "stats_torch": torch.cuda.memory_allocated() > 0,
+              "native": torch.cuda.memory._get_current_allocator().allocator() is not None})
+    ''', install=False)
+    assert o["err"] and "before any CUDA allocation" in o["err"], o
+    assert "already initialised" in o["err"]
+    assert not o["installed"] and o["stats_torch"]
+
+
+@needs_torch
+@pytest.mark.parametrize("conf,names", [
+    ("expandable_segments:Maybe", ["expandable_segments", "Maybe"]),
+    ("max_split_size_mb:10", ["max_split_size_mb", "10"]),
+    ("garbage_collection_threshold:1.5", ["garbage_collection_threshold"]),
+    ("roundup_power2_divisions:3", ["roundup_power2_divisions"]),
+    ("expandable_segments:True,release_lock_on_cudamalloc:True", ["release_lock_on_cudamalloc"]),
+    ("foo:1", ["'foo'"]),
+])
+def test_bad_gpumem_alloc_conf_is_refused_at_install(conf, names):
+    proc = run_py('''
+        import json, torch, gpumem
+        try:
+            gpumem.install()
+            out = {"err": None}
+        except ValueError as e:
+            out = {"err": str(e), "type": type(e).__name__,
+                   "install_error": isinstance(e, gpumem.InstallError)}
+        out["cuda_initialized"] = torch.cuda.is_initialized()
+        out["installed"] = gpumem.is_installed()
+        print(json.dumps(out))
+    ''', env={"GPUMEM_ALLOC_CONF": conf})
+    o = last_json(proc.stdout)
+    assert o["err"] and o["install_error"], o
+    assert o["err"].startswith("GPUMEM_ALLOC_CONF="), o["err"]
+    for n in names:
+        assert n in o["err"], o["err"]
+    assert not o["cuda_initialized"] and not o["installed"]
+
+
+@needs_torch
+def test_settings_fall_back_to_torchs_variable():
+    proc = run_py('''
+        import json, gpumem._torch as t
+        print(json.dumps(t.settings_in_effect()))
+    ''', env={"PYTORCH_CUDA_ALLOC_CONF":
+              "backend:native,expandable_segments:True,pinned_use_cuda_host_register:True,"
+              "roundup_power2_divisions:[256:1,>:4]"})
+    conf, source = last_json(proc.stdout)
+    assert source == "PYTORCH_CUDA_ALLOC_CONF"
+    assert conf["expandable_segments"] is True and conf["roundup_power2_divisions"][-1] == 4
+    proc = run_py('''
+        import json, gpumem._torch as t
+        print(json.dumps(t.settings_in_effect()))
+    ''', env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+              "GPUMEM_ALLOC_CONF": "max_split_size_mb:64"})
+    conf, source = last_json(proc.stdout)
+    assert source == "GPUMEM_ALLOC_CONF"
+    assert conf["expandable_segments"] is False and conf["max_split_size"] == 64 << 20
+
+
+def test_torch_missing_entirely():
+    # No torch (the import is blocked): gpumem and gpumem._C still import and
+    # work; install() says what is missing.
+    proc = run_py('''
+        import json, sys
+        sys.modules["torch"] = None              # `import torch` now raises ImportError
+        import gpumem
+        a = gpumem.Allocator(capacity=1 << 30)
+        p = a.malloc(1 << 20)
+        a.free(p)
+        out = {"allocator": a.stats()["allocation.all.allocated"]}
+        try:
+            gpumem.install()
+        except gpumem.TorchMissingError as e:
+            out.update(err=str(e), import_error=isinstance(e, ImportError),
+                       install_error=isinstance(e, gpumem.InstallError))
+        try:
+            gpumem.memory_stats()
+        except RuntimeError as e:
+            out["stats_err"] = str(e)
+        out["torch_loaded"] = sys.modules.get("torch") is not None
+        print(json.dumps(out))
+    ''')
+    o = last_json(proc.stdout)
+    assert o["allocator"] == 1
+    assert "needs PyTorch" in o["err"] and o["import_error"] and o["install_error"], o
+    assert "call gpumem.install()" in o["stats_err"]
+    assert not o["torch_loaded"]
+
+
+def test_torch_shadowed_by_a_broken_package(tmp_path):
+    # A PYTHONPATH entry whose `torch` fails to import (a half-installed wheel).
+    shadow = tmp_path / "torch"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('libtorch_cpu.so: cannot open "
+                                        "shared object file')\n")
+    proc = run_py('''
+        import gpumem
+        try:
+            gpumem.install()
+        except gpumem.TorchMissingError as e:
+            print("ERR", e)
+    ''', env={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
+    assert "ERR gpumem.install() needs PyTorch" in proc.stdout, proc.stdout
+    assert "libtorch_cpu.so" in proc.stdout
+
+
+def test_two_devices_and_raw_allocations():
+    o = run_gm('''
+        a = torch.empty(10 << 20, dtype=torch.uint8, device="cuda:0")
+        b = torch.empty(30 << 20, dtype=torch.uint8, device="cuda:1")
+        with torch.cuda.device(1):
+            c = torch.ones(1000, device="cuda")            # current device 1
+        per_dev = [gpumem.memory_allocated(0), gpumem.memory_allocated(1)]
+        agree = [dict(torch.cuda.memory_stats(d)) == dict(gpumem.memory_stats(d)) for d in (0, 1)]
+        gpumem.uninstall_patches()
+        native = [dict(torch.cuda.memory_stats(d)) == dict(gpumem.memory_stats(d)) for d in (0, 1)]
+        devs = sorted({s["device"] for s in gpumem.snapshot()["segments"]})
+        del b, c                                          # freed by device 1's core
+        after = gpumem.memory_allocated(1)
+        raw = torch.cuda.caching_allocator_alloc(1 << 20, device=1)   # raw_alloc / raw_delete
+        raw_alloc = gpumem.memory_allocated(1)
+        torch.cuda.caching_allocator_delete(raw)
+        emit({"per_dev": per_dev, "agree": agree, "native": native, "devs": devs,
+              "after": after, "raw_alloc": raw_alloc, "raw_after": gpumem.memory_allocated(1)})
+    ''', devices=2)
+    assert o["per_dev"][0] == 10 << 20 and o["per_dev"][1] == (30 << 20) + 4096
+    assert all(o["agree"]) and all(o["native"])
+    assert o["devs"] == [0, 1]
+    assert o["after"] == 0 and o["raw_alloc"] == 1 << 20 and o["raw_after"] == 0
