@@ -40,6 +40,18 @@ class _RefusedPersistentId(Exception):
     pass
 
 
+class _Reader:
+    """read/readline only. Given a file with readinto, CPython's unpickler
+    reads BYTEARRAY8 payloads in place, and an over-long one in a corrupt
+    file leaks an exported buffer ("deallocated bytearray object has
+    exported buffers" on stderr, sometimes only at exit)."""
+
+    def __init__(self, data):
+        bio = io.BytesIO(data)
+        self.read = bio.read
+        self.readline = bio.readline
+
+
 class _DataOnlyUnpickler(pickle.Unpickler):
     """Builds only plain data: every reference to a global is refused."""
 
@@ -123,7 +135,7 @@ def loads_snapshot(data: bytes | bytearray | memoryview, name: str = "snapshot d
             f"(it reads protocols 2 to {pickle.HIGHEST_PROTOCOL}); {_DUMP_HINT}"
         )
     try:
-        obj = _DataOnlyUnpickler(io.BytesIO(data)).load()
+        obj = _DataOnlyUnpickler(_Reader(data)).load()
     except _RefusedGlobal as e:
         raise SnapshotError(
             f"{name} refers to Python global '{e.qualname}'; gpumem refuses pickles that "

@@ -11,12 +11,14 @@ unless GPUMEM_TRACEBACK=1 is set.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
 from typing import Any, Callable
 
 from ._conf import ConfError
+from . import _shim_build
 from ._unpickle import SnapshotError
 
 __all__ = ["main", "COMMANDS", "format_bytes"]
@@ -121,11 +123,217 @@ def _run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------- view / summary / diff
+
+def _count_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1 or value > 1_000_000:
+        raise argparse.ArgumentTypeError(f"expected a number from 1 to 1000000, not {value}")
+    return value
+
+
+def _device_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a device index, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a device index >= 0, not {value}")
+    return value
+
+
+_SNAP_HELP = "a snapshot written by gpumem.dump_snapshot or torch.cuda.memory._dump_snapshot"
+
+
+def _add_view_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("snapshot", metavar="SNAPSHOT.pickle", help=_SNAP_HELP)
+    p.add_argument("-o", "--output", metavar="OUT.html",
+                   help="where to write the page (default: the snapshot's name with .html)")
+    p.add_argument("--device", type=_device_arg, metavar="N",
+                   help="the device to show (default: the one with the longest trace)")
+
+
+def _run_view(args: argparse.Namespace) -> int:
+    from .view import write_view
+
+    info = write_view(args.snapshot, args.output, device=args.device)
+    print(f"wrote {info['output']} ({format_bytes(info['html_bytes'])}): device {info['device']}, "
+          f"{info['events']} trace events, {info['bands']} allocations drawn individually"
+          f"{', ' + info['folded'] if info['folded'] else ''}")
+    print(f"open it in a browser (it works offline): file://{os.path.abspath(info['output'])}")
+    return 0
+
+
+def _add_summary_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("snapshot", metavar="SNAPSHOT.pickle", help=_SNAP_HELP)
+    p.add_argument("--top", type=_count_arg, default=10, metavar="N",
+                   help="how many allocation sites to list (default 10)")
+    p.add_argument("--device", type=_device_arg, metavar="N", help="only this device")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _short_site(label: str) -> str:
+    cwd = os.getcwd() + os.sep
+    return label.replace(cwd, "") if cwd != os.sep else label
+
+
+def _site_table(rows: list[dict], title: str, lines: list[str]) -> None:
+    if not rows:
+        return
+    lines.append(f"  {title}:")
+    lines.append(f"    {'bytes':>11}  {'count':>7}  site")
+    for r in rows:
+        lines.append(f"    {format_bytes(r['bytes']):>11}  {r['count']:>7}  {_short_site(r['site'])}")
+
+
+def _pct(part: int, whole: int) -> str:
+    return f" ({100.0 * part / whole:.1f}% of reserved)" if whole else ""
+
+
+def _summary_device(d: dict) -> list[str]:
+    seg = d["at_snapshot"]
+    out = [f"device {d['device']}:"]
+    if d["source"] == "trace":
+        dur = d.get("duration_us")
+        out.append(f"  trace: {d['trace_events']} events, {d['allocations']} allocations"
+                   + (f", {dur / 1e6:.3f} s" if dur is not None else "")
+                   + (f"; {d['live_before_trace']} allocations were live before it began"
+                      if d["live_before_trace"] else ""))
+        when = f" at event {d['peak_index']}"
+        if d["peak_time_us"] is not None:
+            when += f" (+{d['peak_time_us'] / 1e6:.3f} s)"
+        out.append(f"  peak allocated: {format_bytes(d['peak_allocated'])}{when}")
+    else:
+        out.append("  no allocation trace (segments only): figures are the snapshot's state")
+        out.append(f"  allocated: {format_bytes(d['peak_allocated'])}")
+    out.append(f"  peak reserved: {format_bytes(d['peak_reserved'])}")
+    frag = d["fragmentation_at_peak"]
+    res = d["reserved_at_peak"]
+    out.append(f"  reserved but unallocated at peak: "
+               + ("unknown" if frag is None else f"{format_bytes(frag)}{_pct(frag, res or 0)}"))
+    if d.get("reserved_note"):
+        out.append(f"    ({d['reserved_note']})")
+    out.append(f"  at the snapshot: {seg['segments']} segments, reserved "
+               f"{format_bytes(seg['reserved'])}, allocated {format_bytes(seg['allocated'])}, "
+               f"free {format_bytes(seg['free'])} (largest free block "
+               f"{format_bytes(seg['largest_free_block'])})"
+               + (f", pending free {format_bytes(seg['pending_free'])}"
+                  if seg["pending_free"] else ""))
+    for o in d["ooms"][-3:]:
+        out.append(f"  OOM at event {o['index']}: asked for {format_bytes(o['size'])} with "
+                   f"{format_bytes(o['device_free'])} free on the device, at "
+                   f"{_short_site(o['site'])}")
+    label = "live at peak" if d["source"] == "trace" else "live at the snapshot"
+    _site_table(d["top_live_at_peak"], f"top sites by bytes {label}", out)
+    _site_table(d["top_total_allocated"], "top sites by total bytes allocated", out)
+    if d["steps"]:
+        out.append(f"  per-step growth (markers: {d['step_markers']}):")
+        out.append(f"    {'step':<28} {'start':>11} {'end':>11} {'growth':>11} {'peak':>11}")
+        steps = d["steps"]
+        shown = steps if len(steps) <= 20 else steps[:10] + [None] + steps[-10:]
+        for s in shown:
+            if s is None:
+                out.append(f"    ... {len(steps) - 20} more steps")
+                continue
+            out.append(f"    {s['label'][:28]:<28} {format_bytes(s['start_allocated']):>11} "
+                       f"{format_bytes(s['end_allocated']):>11} {_signed(s['growth']):>11} "
+                       f"{format_bytes(s['peak']):>11}")
+        if d["step_growth_sites"]:
+            out.append("  grew from the end of the first step to the end of the last:")
+            for r in d["step_growth_sites"][:5]:
+                out.append(f"    {_signed(r['delta_bytes']):>11}  {r['delta_count']:+7d}  "
+                           f"{_short_site(r['site'])}")
+    return out
+
+
+def _signed(n: int) -> str:
+    return ("+" if n > 0 else "-" if n < 0 else "") + format_bytes(abs(n))
+
+
+def _run_summary(args: argparse.Namespace) -> int:
+    from .analysis import load_checked, summarize
+
+    report = summarize(load_checked(args.snapshot), args.snapshot, args.top, args.device)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    lines = [report["file"]]
+    if not report["devices"]:
+        lines.append(report.get("note", "nothing to summarise"))
+    for d in report["devices"]:
+        lines.extend(_summary_device(d))
+    print("\n".join(lines))
+    return 0
+
+
+def _add_diff_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("before", metavar="BEFORE.pickle", help="the earlier snapshot")
+    p.add_argument("after", metavar="AFTER.pickle", help="the later snapshot")
+    p.add_argument("--top", type=_count_arg, default=10, metavar="N",
+                   help="how many allocation sites to list (default 10)")
+    p.add_argument("--device", type=_device_arg, metavar="N",
+                   help="only this device (default: all devices together)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _diff_rows(rows: list[dict], lines: list[str]) -> None:
+    lines.append(f"  {'delta':>11} {'count':>7}  {'before':>19}  {'after':>19}  site")
+    for r in rows:
+        before = f"{r['before_count']} / {format_bytes(r['before_bytes'])}"
+        after = f"{r['after_count']} / {format_bytes(r['after_bytes'])}"
+        lines.append(f"  {_signed(r['delta_bytes']):>11} {r['delta_count']:+7d}  {before:>19}  "
+                     f"{after:>19}  {_short_site(r['site'])}")
+
+
+def _run_diff(args: argparse.Namespace) -> int:
+    from .analysis import diff, load_checked
+
+    before = load_checked(args.before)
+    after = load_checked(args.after)
+    report = diff(before, after, (args.before, args.after), args.top, args.device)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    lb, la = report["live_before"], report["live_after"]
+    lines = [f"{report['before']} -> {report['after']}"
+             + (f" (device {report['device']})" if report["device"] is not None else ""),
+             f"live allocations: {lb['count']} ({format_bytes(lb['bytes'])}) -> {la['count']} "
+             f"({format_bytes(la['bytes'])}), {_signed(la['bytes'] - lb['bytes'])}",
+             f"reserved: {format_bytes(report['reserved_before'])} -> "
+             f"{format_bytes(report['reserved_after'])}"]
+    if report["grew"]:
+        n = report["grew_total"]
+        lines.append(f"grew ({n} site{'s' if n != 1 else ''}; live allocations by site, "
+                     f"largest growth first):")
+        _diff_rows(report["grew"], lines)
+        top = report["grew"][0]
+        lines.append("most growth is allocated at:")
+        lines.extend(f"    {_short_site(f)}" for f in top["stack"][:8])
+    else:
+        lines.append("nothing grew")
+    if report["shrank"]:
+        n = report["shrank_total"]
+        lines.append(f"shrank ({n} site{'s' if n != 1 else ''}):")
+        _diff_rows(report["shrank"], lines)
+    print("\n".join(lines))
+    return 0
+
+
 # name -> (one-line help, add_arguments(parser), run(args) -> exit status)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {
     "replay": ("replay a snapshot's allocation trace through gpumem on the simulated device",
                _add_replay_args, _run_replay),
+    "view": ("write a self-contained HTML page (timeline, segments, top allocation sites) that "
+             "works offline", _add_view_args, _run_view),
+    "summary": ("peak memory, fragmentation, top allocation sites and per-step growth",
+                _add_summary_args, _run_summary),
+    "diff": ("what grew between two snapshots, by allocation site (the leak finder)",
+             _add_diff_args, _run_diff),
+    "build-shim": _shim_build.CLI_COMMAND,
 }
 
 
@@ -161,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return COMMANDS[args.command][2](args)
+    except BrokenPipeError:  # 'gpumem summary x | head': the reader left, stop quietly
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+        return 0
     except _user_errors() as e:
         _print_error(str(e) or type(e).__name__)
         return EXIT_USAGE
