@@ -43,6 +43,8 @@ CONTROL_FUNCS = {
     "fakecuda_set_fail",
     "fakecuda_reset_counters",
     "fakecuda_device_memory",
+    "fakecuda_configure",
+    "fakecuda_query",
 }
 
 
@@ -168,8 +170,12 @@ for _n, _a in {
     "cuMemGetAllocationGranularity": [P(sz), P(Prop), ci],
     "cuGetErrorName": [ci, P(C.c_char_p)], "cuGetErrorString": [ci, P(C.c_char_p)],
     "fakecuda_report_json": [C.c_char_p, sz], "fakecuda_set_fail": [C.c_char_p],
+    "fakecuda_configure": [C.c_char_p],
 }.items():
     globals()[_n] = _proto(_n, *_a)
+fakecuda_query = L.fakecuda_query
+fakecuda_query.argtypes = [C.c_char_p, ci]
+fakecuda_query.restype = C.c_longlong
 L.fakecuda_set_event_mode.argtypes = [C.c_char_p]
 L.fakecuda_set_event_mode.restype = None
 L.fakecuda_complete_events.restype = None
@@ -1342,6 +1348,143 @@ def test_report_truncates_details_and_snprintf_semantics(lib):
         L.fakecuda_reset_counters()
         r = report()
         assert r["total_calls"] == 0 and r["devices"][0]["peak_bytes_used"] == 150 * 16
+    """)
+
+
+# --------------------------------------------------------------------------
+# run-time configuration and queries (fakecuda_configure, fakecuda_query)
+
+
+def test_configure_before_cuinit_wins_over_the_environment(lib):
+    proc = run(lib, """
+        assert fakecuda_configure(b"memory=64MiB,granularity=0,events=never") == 0
+        ok(cuInit(0))
+        t = sz(); ok(cuDeviceTotalMem_v2(C.byref(t), 0)); assert t.value == 64 * MiB
+        v = ci(); ok(cuDeviceGetAttribute(C.byref(v), 102, 0)); assert v.value == 0
+        c = report()["config"]
+        assert (c["memory"], c["granularity"], c["events"]) == (64 * MiB, 0, "never")
+        assert c["devices"] == 2          # what configure does not name comes from the env
+        assert fakecuda_query(b"devices", -1) == 2
+    """, env={"GPUMEM_FAKECUDA_MEMORY": "1GiB", "GPUMEM_FAKECUDA_DEVICES": "2",
+              "GPUMEM_FAKECUDA_EVENTS": "after:2"})
+    assert proc.stderr == ""
+
+
+def test_configure_at_run_time(lib):
+    proc = run(lib, """
+        init()
+        assert fakecuda_configure(b"memory=64MiB; granularity=4MiB") == 0
+        t = sz(); ok(cuDeviceTotalMem_v2(C.byref(t), 0)); assert t.value == 64 * MiB
+        f, tot = sz(), sz(); ok(cuMemGetInfo_v2(C.byref(f), C.byref(tot)))
+        assert (f.value, tot.value) == (64 * MiB, 64 * MiB)
+        assert granularity() == 4 * MiB
+        ok(cuMemAlloc_v2(C.byref(u64()), 65 * MiB), OOM)
+        p = alloc(1 * MiB)
+        # memory and granularity wait until nothing is allocated ...
+        assert fakecuda_configure(b"memory=1GiB") == -1
+        assert fakecuda_configure(b"granularity=2MiB") == -1
+        assert fakecuda_query(b"capacity", 0) == 64 * MiB and granularity() == 4 * MiB
+        # ... the other keys apply at any time; a fail list may hold commas
+        assert fakecuda_configure(
+            b"events=after:1,fail=cuMemAlloc_v2:1,cuEventQuery:2:42,fail_above=2MiB") == 0
+        c = report()["config"]
+        assert (c["events"], c["fail"], c["fail_above"]) == (
+            "after:1", "cuMemAlloc_v2:1,cuEventQuery:2:42", 2 * MiB)
+        ok(cuMemAlloc_v2(C.byref(u64()), 16), OOM)          # the injected failure
+        ok(cuMemAlloc_v2(C.byref(u64()), 3 * MiB), OOM)     # above fail_above
+        e = event(); ok(cuEventRecord(e, None))
+        ok(cuEventQuery(e), NOT_READY); ok(cuEventQuery(e), 42)
+        assert fakecuda_configure(b"fail=,fail_above=0,events=immediate") == 0
+        assert report()["config"]["fail"] == ""
+        q = alloc(3 * MiB)
+        for x in (p, q):
+            ok(cuMemFree_v2(x))
+        ok(cuEventDestroy_v2(e))
+        # a VMM reservation alone also holds memory and granularity back
+        va = reserve(4 * MiB)
+        assert fakecuda_configure(b"granularity=2MiB") == -1
+        ok(cuMemAddressFree(va, 4 * MiB))
+        assert fakecuda_configure(b"memory=1GiB,granularity=2MiB") == 0
+        assert granularity() == 2 * MiB and fakecuda_query(b"capacity", 0) == GiB
+        assert fakecuda_configure(b"granularity=0") == 0
+        ok(cuMemGetAllocationGranularity(C.byref(sz()), C.byref(prop()), 0), NOT_SUPPORTED)
+        assert fakecuda_configure(None) == 0 and fakecuda_configure(b"") == 0   # no change
+        assert report()["config"]["granularity"] == 0
+    """)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 3 and all("fakecuda_configure" in l and "rejected" in l for l in lines), \
+        proc.stderr
+
+
+@pytest.mark.parametrize("spec", [
+    "memory=64MiB,bogus=1",          # unknown key: nothing applies
+    "memory=64MiB,granularity=3MiB",
+    "memory=0",
+    "memory=64MiB,events=sometimes",
+    "memory=64MiB,fail=cuNoSuch:1",
+    "memory=64MiB,fail_above=lots",
+    "memory=64MiB,cuMemAlloc_v2:1",  # a bare item that does not follow fail=
+    "memory",
+])
+def test_configure_rejects_bad_specs_all_or_nothing(lib, spec):
+    proc = run(lib, f"""
+        init()
+        assert fakecuda_configure({spec!r}.encode()) == -1
+        c = report()["config"]
+        assert (c["memory"], c["granularity"], c["events"], c["fail"]) == (
+            80 * GiB, 2 * MiB, "immediate", "")
+    """)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "fakecuda_configure" in lines[0], proc.stderr
+
+
+def test_query_matches_the_report(lib):
+    run(lib, """
+        init()
+        p = alloc(123); s = stream(); e = event()
+        ok(cuEventRecord(e, s))
+        g = granularity(); va = reserve(2 * g); h = create(g); ok(cuMemMap(va, g, 0, h, 0))
+        h2 = create(g); ok(cuMemMap(va + g, g, 0, h2, 0)); ok(cuMemRelease(h2))
+        r = report()
+        for key, want in r["devices"][0].items():
+            if key in ("ordinal", "primary_ctx_active"):
+                continue
+            assert fakecuda_query(key.encode(), 0) == want, key
+        for name, n in r["calls"].items():
+            assert fakecuda_query(b"calls." + name.encode(), -1) == n, name
+        assert fakecuda_query(b"total_calls", -1) == r["total_calls"]
+        assert fakecuda_query(b"leaks", -1) == r["leaks"]["total"] == 7
+        assert fakecuda_query(b"handles_released_but_mapped", 0) == 1
+        for k in ("allocations", "bytes", "streams", "events"):
+            assert fakecuda_query(b"reclaimed." + k.encode(), -1) == 0
+        for key, want in (("devices", 1), ("memory", 80 * GiB), ("granularity", 2 * MiB),
+                          ("fail_above", 0), ("initialized", 1)):
+            assert fakecuda_query(key.encode(), -1) == want, key
+        # unknown keys and devices
+        assert fakecuda_query(b"allocations", 1) == -1
+        assert fakecuda_query(b"allocations", -1) == -1
+        assert fakecuda_query(b"calls.cuNoSuchThing", -1) == -1
+        assert fakecuda_query(b"no_such_key", 0) == -1
+        assert fakecuda_query(None, 0) == -1
+        ok(cuMemUnmap(va, 2 * g)); ok(cuMemRelease(h)); ok(cuMemAddressFree(va, 2 * g))
+        ok(cuMemFree_v2(p)); ok(cuEventDestroy_v2(e)); ok(cuStreamDestroy_v2(s))
+        assert fakecuda_query(b"leaks", -1) == 0
+        # a context reset reclaims what was made in it, and says so
+        ok(cuMemAlloc_v2(C.byref(u64()), 4096))
+        ok(cuDevicePrimaryCtxReset_v2(0))
+        assert fakecuda_query(b"reclaimed.allocations", -1) == 1
+        assert fakecuda_query(b"reclaimed.bytes", -1) == 4096
+    """)
+
+
+def test_query_before_cuinit(lib):
+    run(lib, """
+        assert fakecuda_query(b"initialized", -1) == 0
+        assert fakecuda_query(b"calls.cuInit", -1) == 0
+        assert fakecuda_query(b"capacity", 0) == -1     # no configuration yet
+        ok(cuInit(0))
+        assert fakecuda_query(b"capacity", 0) == 80 * GiB
+        assert fakecuda_query(b"calls.cuInit", -1) == 1
     """)
 
 

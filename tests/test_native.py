@@ -4,11 +4,20 @@ Three builds, each into tests/c/build/<build>/ (git-ignored):
   normal    -O2 -DGM_DEBUG=1
   sanitize  ASan + UBSan (-O1 -g), leak detection on, UBSan fatal
   debug3    -O2 -DGM_DEBUG=3 (the core checks itself after every operation)
-Each build runs the unit tests and the stress test in several modes. The C
-binaries link csrc/core and csrc/device directly (not the Python module).
-A run fails when the binary exits non-zero, when its closing
-"N passed, M failed" line is missing or reports failures, or when a
-sanitizer reports anything.
+Each build runs the unit tests and the stress test in several modes, on two
+backends (tests/c/testdev.h):
+  sim   the simulated device (csrc/device/sim.c)
+  cuda  the CUDA driver backend (csrc/device/cuda_backend.c) over the fake
+        libcuda.so.1 of csrc/sim/driver, built per build into
+        tests/c/build/fakecuda-<build>/ (with the same sanitizer flags for
+        the sanitize build) and passed as GPUMEM_LIBCUDA
+and the unit tests once with expandable segments off and once on
+(--expandable: every test that does not pin a mode follows it). A run
+fails when the binary exits non-zero, when its closing "N passed, M failed"
+line is missing or reports failures, when a sanitizer reports anything, or
+when the tests it skipped are not exactly the expected ones (SKIPS).
+The C binaries link csrc/core and csrc/device directly (not the Python
+module).
 
 The last test builds the extension with GM_SANITIZE=1 and imports it under
 LD_PRELOAD=libasan in a subprocess.
@@ -18,6 +27,7 @@ Only a missing C compiler skips these tests.
 
 import concurrent.futures
 import glob
+import importlib.util
 import os
 import re
 import shlex
@@ -66,6 +76,22 @@ SANITIZER_MARKERS = (
 )
 CLOSING_LINE = re.compile(r"^(\d+) passed, (\d+) failed$", re.M)
 RUN_TIMEOUT = 900
+BACKENDS = ("sim", "cuda")
+MODES = {"plain": [], "expandable": ["--expandable"]}
+
+# Unit tests that cannot apply to a (backend, mode), with the reason the
+# binary prints. Anything else skipped, or one of these not skipped, fails.
+SKIPS = {
+    ("cuda", "expandable"): {
+        # fail_above refuses one device allocation above a size; the CUDA
+        # backend maps expandable segments one granule (one cuMemCreate) at a
+        # time, so no driver call is ever that large.
+        "failure_injection_at_run_time",
+    },
+}
+SKIP_LINE = re.compile(r"^skip (\w+): ", re.M)
+HEADER_LINE = re.compile(r"^# backend=(\w+) expandable=(\d)$", re.M)
+TOTAL_LINE = re.compile(r"^# (\d+) tests in ", re.M)
 
 # (test id, arguments, minimum number of passed steps)
 STRESS_RUNS = {
@@ -96,9 +122,41 @@ STRESS_RUNS = {
         ("expandable", ["--ops", "100000", "--seed", "11", "--expandable"], 100_000),
     ],
 }
+# The same on the CUDA backend over the fake driver. Its memory is real host
+# memory, so --host (pattern checks) applies as it does on the simulator.
+STRESS_RUNS_CUDA = {
+    "normal": [
+        ("segments", [], 1_000_000),
+        ("expandable", ["--expandable"], 1_000_000),
+        ("host", ["--host", "--ops", "300000"], 300_000),
+        ("host-expandable", ["--host", "--expandable", "--ops", "300000"], 300_000),
+        ("check-every-step-expandable",
+         ["--check-every", "1", "--ops", "100000", "--seed", "7", "--expandable"], 100_000),
+        ("max-split-gc", ["--max-split", "48", "--gc", "0.7", "--seed", "3", "--ops", "300000"],
+         300_000),
+        ("max-split-gc-expandable",
+         ["--max-split", "48", "--gc", "0.7", "--seed", "3", "--expandable", "--ops", "300000"],
+         300_000),
+    ],
+    "sanitize": [
+        ("segments", ["--ops", "200000"], 200_000),
+        ("expandable", ["--expandable", "--ops", "200000"], 200_000),
+        ("host-expandable", ["--host", "--expandable", "--ops", "100000", "--seed", "5"],
+         100_000),
+    ],
+    "debug3": [
+        ("segments", ["--ops", "100000", "--seed", "11"], 100_000),
+        ("expandable", ["--ops", "100000", "--seed", "11", "--expandable"], 100_000),
+    ],
+}
 # The thread test takes tens of seconds when the core checks itself after
 # every operation; the other two builds run it.
 UNIT_ARGS = {"normal": [], "sanitize": [], "debug3": ["--skip=threads"]}
+
+_fcb_spec = importlib.util.spec_from_file_location(
+    "gpumem_tests_fakecuda_build", os.path.join(ROOT, "tests", "fakecuda", "build.py"))
+fakecuda_build = importlib.util.module_from_spec(_fcb_spec)
+_fcb_spec.loader.exec_module(fakecuda_build)
 
 
 def find_cc():
@@ -120,7 +178,7 @@ needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler found (set CC or
 def _sources():
     core = sorted(glob.glob(os.path.join(CSRC, "core", "*.c")))
     device = sorted(glob.glob(os.path.join(CSRC, "device", "*.c")))
-    common = [os.path.join(TESTS_C, "gmtest.c")]
+    common = [os.path.join(TESTS_C, "gmtest.c"), os.path.join(TESTS_C, "testdev.c")]
     unit = (
         [os.path.join(TESTS_C, "helpers.c"), os.path.join(TESTS_C, "unit_main.c")]
         + sorted(glob.glob(os.path.join(TESTS_C, "test_*.c")))
@@ -179,8 +237,32 @@ def build(name):
     return bins
 
 
-def run_checked(build_name, argv, min_passed=1):
-    env = dict(os.environ)
+_fakes = {}
+
+
+def build_fake(name):
+    """The fake libcuda.so.1 for one build (the sanitize build's with the same
+    sanitizer flags, so ASan sees the driver's memory too)."""
+    if name not in _fakes:
+        flags = SANITIZE if name == "sanitize" else []
+        _fakes[name] = str(fakecuda_build.build_fakecuda(
+            os.path.join(BUILD_ROOT, "fakecuda-" + name), flags))
+    return _fakes[name]
+
+
+def backend_env(build_name, backend):
+    """The environment of a run: the backend, and for cuda the fake driver
+    with none of the caller's GPUMEM_FAKECUDA_* settings."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GPUMEM_FAKECUDA_", "GPUMEM_SIM_", "GPUMEM_LIBCUDA"))}
+    env["GM_TEST_BACKEND"] = backend
+    if backend == "cuda":
+        env["GPUMEM_LIBCUDA"] = build_fake(build_name)
+    return env
+
+
+def run_checked(build_name, argv, min_passed=1, env=None):
+    env = dict(os.environ if env is None else env)
     if build_name == "sanitize":
         env.update(SAN_ENV)
     start = time.monotonic()
@@ -188,7 +270,10 @@ def run_checked(build_name, argv, min_passed=1):
                        stdin=subprocess.DEVNULL)
     elapsed = time.monotonic() - start
     out = p.stdout + p.stderr
-    tail = "\n".join(out.splitlines()[-60:])
+    lines = out.splitlines()
+    # The failures themselves (they may be far from the end), then the tail.
+    failures = [l for l in lines[:-60] if l.startswith("FAIL ") or "] failed: " in l][:40]
+    tail = "\n".join((failures + ["..."] if failures else []) + lines[-60:])
     where = "%s (%s build, %.1f s)" % (" ".join(os.path.relpath(a, ROOT) if a.startswith(ROOT)
                                                  else a for a in argv), build_name, elapsed)
     for marker in SANITIZER_MARKERS:
@@ -205,20 +290,37 @@ def run_checked(build_name, argv, min_passed=1):
 
 
 @needs_cc
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("build_name", list(BUILDS))
-def test_c_unit(build_name):
+def test_c_unit(build_name, backend, mode):
     bins = build(build_name)
-    run_checked(build_name, [bins["unit"]] + UNIT_ARGS[build_name], min_passed=30)
+    argv = [bins["unit"], "--backend=" + backend] + MODES[mode] + UNIT_ARGS[build_name]
+    out = run_checked(build_name, argv, min_passed=30, env=backend_env(build_name, backend))
+    header = HEADER_LINE.findall(out)
+    assert header == [(backend, "1" if mode == "expandable" else "0")], header
+    skipped = set(SKIP_LINE.findall(out))
+    expected = SKIPS.get((backend, mode), set())
+    assert skipped == expected, "skipped %s, expected exactly %s" % (sorted(skipped),
+                                                                      sorted(expected))
+    total = int(TOTAL_LINE.findall(out)[-1])
+    passed = int(CLOSING_LINE.findall(out)[-1][0])
+    assert passed == total - len(expected), (passed, total)
 
 
 @needs_cc
 @pytest.mark.parametrize(
-    "build_name,args,min_passed",
-    [pytest.param(b, args, n, id="%s-%s" % (b, rid)) for b in BUILDS for rid, args, n in STRESS_RUNS[b]],
+    "build_name,backend,args,min_passed",
+    [pytest.param(b, "sim", args, n, id="%s-%s" % (b, rid))
+     for b in BUILDS for rid, args, n in STRESS_RUNS[b]]
+    + [pytest.param(b, "cuda", args, n, id="%s-cuda-%s" % (b, rid))
+       for b in BUILDS for rid, args, n in STRESS_RUNS_CUDA[b]],
 )
-def test_c_stress(build_name, args, min_passed):
+def test_c_stress(build_name, backend, args, min_passed):
     bins = build(build_name)
-    run_checked(build_name, [bins["stress"]] + args, min_passed=min_passed)
+    out = run_checked(build_name, [bins["stress"], "--backend=" + backend] + args,
+                      min_passed=min_passed, env=backend_env(build_name, backend))
+    assert "stress: backend=%s " % backend in out
 
 
 # ---- the extension under AddressSanitizer ----

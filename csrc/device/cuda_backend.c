@@ -370,18 +370,31 @@ static void retry_releases(gm_cuda_t *c) {
     pthread_mutex_unlock(&c->lock);
 }
 
-/* Unmap and release granules [va, va + n*g); keeps going after an error so
- * nothing leaks, and returns the first error. */
-static int unmap_granules(gm_cuda_t *c, uintptr_t va, size_t n, size_t g) {
+static int set_access(gm_cuda_t *c, int device, uintptr_t va, size_t size) {
+    CUmemAccessDesc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUresult r = c->p_cuMemSetAccess((CUdeviceptr)va, size, &desc, 1);
+    return r == CUDA_SUCCESS ? GM_OK : fail(c, "cuMemSetAccess", r);
+}
+
+static uintptr_t handle_of(gm_cuda_t *c, uintptr_t at) {
+    uintptr_t h = 0;
+    pthread_mutex_lock(&c->lock);
+    gm_ptrmap_get(&c->handles, at, &h);
+    pthread_mutex_unlock(&c->lock);
+    return h;
+}
+
+/* Release the handles of granules [va, va + n*g), which are unmapped. */
+static int release_granules(gm_cuda_t *c, uintptr_t va, size_t n, size_t g) {
     int first = GM_OK;
-    retry_releases(c);
     for (size_t i = 0; i < n; i++) {
-        uintptr_t at = va + i * g, h = 0;
-        CUresult r = c->p_cuMemUnmap((CUdeviceptr)at, g);
-        if (r != CUDA_SUCCESS && first == GM_OK)
-            first = fail(c, "cuMemUnmap", r);
+        uintptr_t h = 0;
         pthread_mutex_lock(&c->lock);
-        int found = gm_ptrmap_del(&c->handles, at, &h);
+        int found = gm_ptrmap_del(&c->handles, va + i * g, &h);
         pthread_mutex_unlock(&c->lock);
         if (found) {
             int rc = release_handle(c, (CUmemGenericAllocationHandle)h);
@@ -391,6 +404,32 @@ static int unmap_granules(gm_cuda_t *c, uintptr_t va, size_t n, size_t g) {
     }
     retry_releases(c);
     return first;
+}
+
+/* Unmap granules [va, va + n*g) all or nothing: if the driver refuses one,
+ * the granules already unmapped are mapped again with their handles (their
+ * contents do not matter: only free memory is unmapped), so the allocator's
+ * view, "nothing changed", stays true. Then the handles are released. */
+static int unmap_granules(gm_cuda_t *c, int device, uintptr_t va, size_t n, size_t g) {
+    retry_releases(c);
+    for (size_t i = 0; i < n; i++) {
+        CUresult r = c->p_cuMemUnmap((CUdeviceptr)(va + i * g), g);
+        if (r == CUDA_SUCCESS)
+            continue;
+        int rc = fail(c, "cuMemUnmap", r);
+        int saved = tls_result;
+        char text[sizeof tls_error];
+        memcpy(text, tls_error, sizeof text);
+        for (size_t j = 0; j < i; j++) {
+            uintptr_t at = va + j * g;
+            if (c->p_cuMemMap((CUdeviceptr)at, g, 0, handle_of(c, at), 0) == CUDA_SUCCESS)
+                set_access(c, device, at, g);
+        }
+        tls_result = saved;
+        memcpy(tls_error, text, sizeof text);
+        return rc;
+    }
+    return release_granules(c, va, n, g);
 }
 
 static int do_map(gm_cuda_t *c, int device, uintptr_t va, size_t size) {
@@ -431,22 +470,16 @@ static int do_map(gm_cuda_t *c, int device, uintptr_t va, size_t size) {
             break;
         }
     }
-    if (rc == GM_OK) {
-        CUmemAccessDesc desc;
-        memset(&desc, 0, sizeof desc);
-        desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        desc.location.id = device;
-        desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        CUresult r = c->p_cuMemSetAccess((CUdeviceptr)va, size, &desc, 1);
-        if (r != CUDA_SUCCESS)
-            rc = fail(c, "cuMemSetAccess", r);
-    }
+    if (rc == GM_OK)
+        rc = set_access(c, device, va, size);
     if (rc != GM_OK) {
         /* Roll back: a map either completes or leaves nothing behind. */
         int saved = tls_result;
         char text[sizeof tls_error];
         memcpy(text, tls_error, sizeof text);
-        unmap_granules(c, va, done, g);
+        for (size_t i = 0; i < done; i++)
+            c->p_cuMemUnmap((CUdeviceptr)(va + i * g), g);
+        release_granules(c, va, done, g);
         tls_result = saved;
         memcpy(tls_error, text, sizeof text);
     }
@@ -463,7 +496,7 @@ static int do_unmap(gm_cuda_t *c, int device, uintptr_t va, size_t size) {
     int rc = do_granularity(c, device, &g);
     if (rc)
         return rc;
-    return unmap_granules(c, va, size / g, g);
+    return unmap_granules(c, device, va, size / g, g);
 }
 
 static int cu_unmap(void *ctx, int device, uintptr_t va, size_t size) {

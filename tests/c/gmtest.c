@@ -4,7 +4,9 @@
  * Tests run in registration order, which is link order and then source
  * order. A test passes when it records no failed check. The runner prints
  * "ok name" or "FAIL name" per test and the closing line "N passed, M
- * failed". Usage: prog [-l] [substring...] [--skip=substring...]
+ * failed" (a test that called gmtest_skip prints "skip name: reason" and
+ * counts in neither; a "# K skipped" line precedes the closing line).
+ * Usage: prog [-l] [substring...] [--skip=substring...]
  * (-l lists the tests; plain substrings select, --skip= ones exclude).
  */
 #include "gmtest.h"
@@ -28,6 +30,8 @@ static int ntests;
 static long failures_total;
 static long failures_in_test;
 static const char *current_test = "(none)";
+static int skipped_in_test;
+static char skip_reason[256];
 
 void gmtest_register(const char *name, gmtest_fn fn, const char *file) {
     if (ntests >= GMTEST_MAX) {
@@ -58,6 +62,14 @@ void gmtest_fail(const char *file, int line, const char *fmt, ...) {
 }
 
 long gmtest_failures(void) { return failures_total; }
+
+void gmtest_skip(const char *fmt, ...) {
+    skipped_in_test = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(skip_reason, sizeof skip_reason, fmt, ap);
+    va_end(ap);
+}
 
 void gmtest_begin(const char *name) {
     current_test = name;
@@ -95,7 +107,7 @@ int gmtest_main(int argc, char **argv) {
         return 0;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int passed = 0, failed = 0;
+    int passed = 0, failed = 0, skipped = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int i = 0; i < ntests; i++) {
@@ -103,8 +115,12 @@ int gmtest_main(int argc, char **argv) {
             continue;
         current_test = tests[i].name;
         failures_in_test = 0;
+        skipped_in_test = 0;
         tests[i].fn();
-        if (failures_in_test == 0) {
+        if (failures_in_test == 0 && skipped_in_test) {
+            skipped++;
+            printf("skip %s: %s\n", tests[i].name, skip_reason);
+        } else if (failures_in_test == 0) {
             passed++;
             printf("ok   %s\n", tests[i].name);
         } else {
@@ -115,7 +131,8 @@ int gmtest_main(int argc, char **argv) {
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    printf("# %d tests in %.2f s\n", passed + failed, secs);
+    printf("# %d tests in %.2f s\n", passed + failed + skipped, secs);
+    printf("# %d skipped\n", skipped);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -9,6 +9,9 @@
  * command-line arguments (and not matching a --skip=SUBSTR argument), and
  * ends with the line "N passed, M failed"
  * (N and M count tests). It returns non-zero when any test failed.
+ * SKIP_IF(cond, reason...) ends a test that cannot apply to this run (the
+ * backend or mode); it is reported as "skip NAME: reason", counted in a
+ * "# K skipped" line and neither passed nor failed.
  *
  * Must not: allocate in CHECK (tests run under ASan/UBSan and leak checks),
  * or abort on the first failure.
@@ -26,6 +29,8 @@ void gmtest_fail(const char *file, int line, const char *fmt, ...)
 /* Total failed checks so far in the current test (and in the process). */
 long gmtest_failures(void);
 int gmtest_main(int argc, char **argv);
+/* Marks the current test skipped (printf-style reason); see SKIP_IF. */
+void gmtest_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* For programs with their own main (the stress test): names the current
  * phase in failure reports and resets the per-phase report limit. */
 void gmtest_begin(const char *name);
@@ -92,6 +97,15 @@ void gmtest_begin(const char *name);
             gmtest_fail(__FILE__, __LINE__, "CHECK_STR(%s, %s): \"%s\" != \"%s\"", \
                         #a, #b, gmt_a_ ? gmt_a_ : "(null)",              \
                         gmt_b_ ? gmt_b_ : "(null)");                     \
+    } while (0)
+
+/* Ends the current test, reported as skipped, when cond is true. */
+#define SKIP_IF(cond, ...)                                               \
+    do {                                                                 \
+        if (cond) {                                                      \
+            gmtest_skip(__VA_ARGS__);                                    \
+            return;                                                      \
+        }                                                                \
     } while (0)
 
 /* Ends the current test when cond is false. */

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+uintptr_t fx_streams[TDEV_NSTREAMS];
+int fx_expandable_default;
+
 static void record_trace(void *arg, int device, gm_action_t action, uintptr_t addr, size_t size,
                          uintptr_t stream, uint32_t ctx) {
     trace_log_t *log = arg;
@@ -25,9 +28,9 @@ static void record_trace(void *arg, int device, gm_action_t action, uintptr_t ad
     e->device = device;
 }
 
-gm_sim_config_t sim_cfg(size_t capacity, int event_mode) {
-    gm_sim_config_t cfg;
-    gm_sim_config_default(&cfg);
+tdev_config_t dev_cfg(size_t capacity, int event_mode) {
+    tdev_config_t cfg;
+    tdev_config_default(&cfg);
     if (capacity)
         cfg.capacity = capacity;
     cfg.event_mode = event_mode;
@@ -41,28 +44,36 @@ gm_settings_t settings_with(int expandable) {
     return s;
 }
 
-int fx_open_at(fx_t *fx, const gm_sim_config_t *cfg, const gm_settings_t *settings,
+gm_settings_t fx_settings(void) { return settings_with(fx_expandable_default); }
+
+int fx_on_cuda(void) { return tdev_kind() == TDEV_CUDA; }
+
+int fx_open_at(fx_t *fx, const tdev_config_t *cfg, const gm_settings_t *settings,
                const char *file, int line) {
     memset(fx, 0, sizeof(*fx));
     if (cfg)
         fx->cfg = *cfg;
     else
-        gm_sim_config_default(&fx->cfg);
+        tdev_config_default(&fx->cfg);
     if (settings)
         fx->settings = *settings;
     else
-        gm_settings_default(&fx->settings);
-    int rc = gm_sim_create(&fx->cfg, &fx->sim);
-    if (rc != 0 || !fx->sim) {
-        gmtest_fail(file, line, "gm_sim_create failed: %d (%s)", rc, gm_strerror(rc));
+        fx->settings = fx_settings();
+    char err[512];
+    int rc = tdev_open(&fx->cfg, &fx->dev, err, sizeof err);
+    if (rc != 0 || !fx->dev) {
+        gmtest_fail(file, line, "opening the %s device failed: %d (%s): %s", tdev_kind_name(),
+                    rc, gm_strerror(rc), err);
         return -1;
     }
-    fx->be = gm_sim_backend(fx->sim);
+    for (int i = 0; i < TDEV_NSTREAMS; i++)
+        fx_streams[i] = tdev_stream(fx->dev, i);
+    fx->be = tdev_backend(fx->dev);
     rc = gm_alloc_create(fx->be, 0, &fx->settings, &fx->a);
     if (rc != 0 || !fx->a) {
         gmtest_fail(file, line, "gm_alloc_create failed: %d (%s)", rc, gm_strerror(rc));
-        gm_sim_destroy(fx->sim);
-        fx->sim = NULL;
+        tdev_close(fx->dev, err, sizeof err);
+        fx->dev = NULL;
         return -1;
     }
     fx->trace = calloc(1, sizeof(*fx->trace));
@@ -88,21 +99,14 @@ void fx_close_at(fx_t *fx, const char *file, int line) {
         gm_alloc_destroy(fx->a);
         fx->a = NULL;
     }
-    if (fx->sim) {
-        for (int d = 0; d < (fx->cfg.num_devices > 0 ? fx->cfg.num_devices : 1); d++) {
-            gm_sim_counters_t c;
-            gm_sim_get_counters(fx->sim, d, &c);
-            if (c.live_segments || c.bytes_allocated || c.bytes_mapped || c.live_reservations ||
-                c.bytes_reserved_va || c.live_events)
-                gmtest_fail(file, line,
-                            "device %d not clean after gm_alloc_destroy: segments=%ld "
-                            "allocated=%zu mapped=%zu reservations=%ld va=%zu events=%ld",
-                            d, c.live_segments, c.bytes_allocated, c.bytes_mapped,
-                            c.live_reservations, c.bytes_reserved_va, c.live_events);
-        }
-        gm_sim_destroy(fx->sim);
-        fx->sim = NULL;
+    if (fx->dev) {
+        char err[1024];
+        if (tdev_close(fx->dev, err, sizeof err) != 0)
+            gmtest_fail(file, line, "%s device not clean after gm_alloc_destroy: %s",
+                        tdev_kind_name(), err);
+        fx->dev = NULL;
     }
+    memset(fx_streams, 0, sizeof fx_streams);
     free(fx->trace);
     fx->trace = NULL;
 }
@@ -136,11 +140,20 @@ gm_stats_t fx_stats(fx_t *fx) {
     return s;
 }
 
-gm_sim_counters_t fx_counters(fx_t *fx) {
-    gm_sim_counters_t c;
-    memset(&c, 0, sizeof c);
-    gm_sim_get_counters(fx->sim, 0, &c);
+tdev_counters_t fx_counters(fx_t *fx) {
+    tdev_counters_t c;
+    tdev_counters(fx->dev, 0, &c);
     return c;
+}
+
+void fx_complete_events(fx_t *fx) { tdev_complete_events(fx->dev); }
+
+void fx_set_event_mode(fx_t *fx, int mode, int after_n) {
+    tdev_set_event_mode(fx->dev, mode, after_n);
+}
+
+void fx_set_failure(fx_t *fx, int fn, long nth, int code, size_t fail_above) {
+    tdev_set_failure(fx->dev, fn, nth, code, fail_above);
 }
 
 size_t fx_reserved(fx_t *fx) { return (size_t)fx_stats(fx).reserved_bytes[GM_STAT_ALL].current; }

@@ -23,10 +23,10 @@ TEST(expandable_allocations_share_one_range) {
     CHECK_EQ(gm_alloc_expandable_active(fx.a), 1);
     trace_clear(&fx);
     uintptr_t a = MALLOC(&fx, 30 * MiB, S1);
-    gm_sim_counters_t c = fx_counters(&fx);
+    tdev_counters_t c = fx_counters(&fx);
     CHECK_EQ(c.bytes_mapped, 30 * MiB);
     CHECK_EQ(c.bytes_allocated, 0);
-    CHECK_EQ(c.calls[GM_SIM_FN_SEG_ALLOC], 0);
+    CHECK_EQ(c.calls[TDEV_FN_SEG_ALLOC], 0);
     CHECK_EQ(c.live_reservations, 1);
     CHECK_GE(c.bytes_reserved_va, 30 * MiB);
     int i = trace_find(&fx, GM_ACT_SEGMENT_MAP, a);
@@ -169,7 +169,7 @@ TEST(expandable_granules_and_partial_unmap) {
  * segments (no segment is wholly free) and succeed with expandable ones
  * (the free granules are unmapped and the range grows). */
 static void fragmentation_case(int expandable_on) {
-    gm_sim_config_t cfg = sim_cfg(128 * MiB, GM_SIM_EVENTS_IMMEDIATE);
+    tdev_config_t cfg = dev_cfg(128 * MiB, TDEV_EVENTS_IMMEDIATE);
     gm_settings_t st = settings_with(expandable_on);
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, &st) == 0);
@@ -216,15 +216,15 @@ TEST(fragmentation_strands_plain_segments) { fragmentation_case(0); }
 TEST(fragmentation_does_not_strand_expandable) { fragmentation_case(1); }
 
 TEST(expandable_falls_back_without_vmm) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_IMMEDIATE);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_IMMEDIATE);
     cfg.granularity = 0;
     gm_settings_t st = expandable();
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, &st) == 0);
     CHECK_EQ(gm_alloc_expandable_active(fx.a), 0);
     uintptr_t a = MALLOC(&fx, 30 * MiB, S1);
-    gm_sim_counters_t c = fx_counters(&fx);
-    CHECK_EQ(c.calls[GM_SIM_FN_SEG_ALLOC], 1);
+    tdev_counters_t c = fx_counters(&fx);
+    CHECK_EQ(c.calls[TDEV_FN_SEG_ALLOC], 1);
     CHECK_EQ(c.bytes_allocated, 30 * MiB);
     CHECK_EQ(c.bytes_mapped, 0);
     CHECK_EQ(c.live_reservations, 0);
@@ -299,26 +299,25 @@ TEST(expandable_memory_limit) {
 
 TEST(expandable_map_failures) {
     gm_settings_t st = expandable();
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_IMMEDIATE);
-    cfg.fail_fn = GM_SIM_FN_MAP;
-    cfg.fail_nth = 2;
-    cfg.fail_code = GM_EOOM;
     fx_t fx;
-    REQUIRE(fx_open(&fx, &cfg, &st) == 0);
-    uintptr_t a = MALLOC(&fx, 8 * MiB, S1);  /* map 1 */
+    REQUIRE(fx_open(&fx, NULL, &st) == 0);
+    uintptr_t a = MALLOC(&fx, 8 * MiB, S1); /* map 1 */
+    /* the next map is refused for lack of memory (on cuda: its first
+     * cuMemCreate; the backend maps granule by granule) */
+    fx_set_failure(&fx, TDEV_FN_MAP, 1, GM_EOOM, 0);
     uintptr_t b = MALLOC(&fx, 20 * MiB, S1); /* map 2 refused, retried */
     CHECK_EQ(b, a + 8 * MiB);
     CHECK_EQ(fx_stats(&fx).num_alloc_retries, 1);
     CHECK_EQ(fx_stats(&fx).num_ooms, 0);
     CHECK_ALLOC(&fx);
     /* a device error while mapping is passed up, no retry */
-    gm_sim_set_failure(fx.sim, GM_SIM_FN_MAP, 1, GM_EDEVICE, 0); /* the next map */
+    fx_set_failure(&fx, TDEV_FN_MAP, 1, GM_EDEVICE, 0); /* the next map */
     uintptr_t p = 0;
     CHECK_EQ(gm_alloc_malloc(fx.a, 20 * MiB, S1, 0, &p, NULL), GM_EDEVICE);
     CHECK_EQ(fx_stats(&fx).num_alloc_retries, 1);
     CHECK_EQ(fx_counters(&fx).bytes_mapped, 28 * MiB);
     CHECK_ALLOC(&fx);
-    gm_sim_set_failure(fx.sim, -1, 0, GM_EOOM, 0);
+    fx_set_failure(&fx, -1, 0, GM_EOOM, 0);
     uintptr_t c = MALLOC(&fx, 20 * MiB, S1);
     CHECK_EQ(c, b + 20 * MiB);
     FREE(&fx, a);
@@ -341,7 +340,7 @@ TEST(expandable_can_be_switched_at_run_time) {
     CHECK_EQ(gm_alloc_expandable_active(fx.a), 0);
     uintptr_t b = MALLOC(&fx, 30 * MiB, S1);
     CHECK_NE(b, a);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 1);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 1);
     walk_t w;
     walk_collect(&fx, &w);
     const walk_seg_t *sb = walk_segment(&w, b);
@@ -355,6 +354,35 @@ TEST(expandable_can_be_switched_at_run_time) {
     FREE(&fx, c);
     CHECK_ALLOC(&fx);
     CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), 0);
+    CHECK_EQ(fx_reserved(&fx), 0);
+    fx_close(&fx);
+}
+
+/* A failed unmap must leave the range as it was (the core then keeps the
+ * granules mapped and counts them as reserved), so a later empty_cache can
+ * release them and the device ends clean. The first of several granules
+ * fails to unmap here. */
+TEST(expandable_unmap_failure_leaves_the_range_mapped) {
+    gm_settings_t st = expandable();
+    fx_t fx;
+    REQUIRE(fx_open(&fx, NULL, &st) == 0);
+    uintptr_t a = MALLOC(&fx, 30 * MiB, S1);
+    uintptr_t b = MALLOC(&fx, 30 * MiB, S1);
+    FREE(&fx, a);
+    fx_set_failure(&fx, TDEV_FN_UNMAP, 1, GM_EDEVICE, 0);
+    int rc = gm_alloc_empty_cache(fx.a, 0);
+    CHECK(rc == 0 || rc == GM_EDEVICE);
+    CHECK_ALLOC(&fx);
+    /* what the allocator counts as reserved is what the device has mapped */
+    CHECK_EQ(fx_counters(&fx).bytes_mapped, fx_reserved(&fx));
+    fx_set_failure(&fx, -1, 0, GM_EOOM, 0);
+    CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), 0);
+    CHECK_ALLOC(&fx);
+    CHECK_EQ(fx_reserved(&fx), 30 * MiB);
+    CHECK_EQ(fx_counters(&fx).bytes_mapped, 30 * MiB);
+    FREE(&fx, b);
+    CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), 0);
+    CHECK_EQ(fx_counters(&fx).bytes_mapped, 0);
     CHECK_EQ(fx_reserved(&fx), 0);
     fx_close(&fx);
 }

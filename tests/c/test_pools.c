@@ -16,12 +16,12 @@
 static void expect_round(fx_t *fx, uintptr_t stream, size_t req, size_t block, size_t segment,
                          int small, const char *file, int line) {
     gm_stats_t before = fx_stats(fx);
-    gm_sim_counters_t cb = fx_counters(fx);
+    tdev_counters_t cb = fx_counters(fx);
     uintptr_t p = fx_malloc_at(fx, req, stream, file, line);
     if (!p)
         return;
     gm_stats_t after = fx_stats(fx);
-    gm_sim_counters_t ca = fx_counters(fx);
+    tdev_counters_t ca = fx_counters(fx);
     size_t size = 0, requested = 0;
     uintptr_t st = 0;
     int rc = gm_alloc_block_size(fx->a, p, &size, &requested, &st);
@@ -58,56 +58,62 @@ static void expect_round(fx_t *fx, uintptr_t stream, size_t req, size_t block, s
     expect_round((fx), (stream), (req), (block), (segment), (small), __FILE__, __LINE__)
 
 TEST(rounding_to_512) {
+    /* plain segments: about cudaMalloc segment sizes, splits and calls */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     trace_clear(&fx);
-    EXPECT_ROUND(&fx, 0x10, 1, 512, 2 * MiB, 1);
-    EXPECT_ROUND(&fx, 0x11, 512, 512, 2 * MiB, 1);
-    EXPECT_ROUND(&fx, 0x12, 513, 1024, 2 * MiB, 1);
-    EXPECT_ROUND(&fx, 0x13, 1000, 1024, 2 * MiB, 1);
-    EXPECT_ROUND(&fx, 0x14, 4097, 4608, 2 * MiB, 1);
+    EXPECT_ROUND(&fx, FX_STREAM(4), 1, 512, 2 * MiB, 1);
+    EXPECT_ROUND(&fx, FX_STREAM(5), 512, 512, 2 * MiB, 1);
+    EXPECT_ROUND(&fx, FX_STREAM(6), 513, 1024, 2 * MiB, 1);
+    EXPECT_ROUND(&fx, FX_STREAM(7), 1000, 1024, 2 * MiB, 1);
+    EXPECT_ROUND(&fx, FX_STREAM(8), 4097, 4608, 2 * MiB, 1);
     fx_close(&fx);
 }
 
 TEST(pool_and_segment_sizes) {
+    /* plain segments: about cudaMalloc segment sizes, splits and calls */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     trace_clear(&fx);
     /* Small pool: requests up to 1 MiB live in 2 MiB segments. */
-    EXPECT_ROUND(&fx, 0x20, 1 * MiB, 1 * MiB, 2 * MiB, 1);
+    EXPECT_ROUND(&fx, FX_STREAM(4), 1 * MiB, 1 * MiB, 2 * MiB, 1);
     /* Large pool: below 10 MiB a 20 MiB segment, split (remainder > 1 MiB). */
-    EXPECT_ROUND(&fx, 0x21, 1 * MiB + 1, 1 * MiB + 512, 20 * MiB, 0);
-    EXPECT_ROUND(&fx, 0x22, 4 * MiB, 4 * MiB, 20 * MiB, 0);
-    EXPECT_ROUND(&fx, 0x23, 10 * MiB - 512, 10 * MiB - 512, 20 * MiB, 0);
+    EXPECT_ROUND(&fx, FX_STREAM(5), 1 * MiB + 1, 1 * MiB + 512, 20 * MiB, 0);
+    EXPECT_ROUND(&fx, FX_STREAM(6), 4 * MiB, 4 * MiB, 20 * MiB, 0);
+    EXPECT_ROUND(&fx, FX_STREAM(7), 10 * MiB - 512, 10 * MiB - 512, 20 * MiB, 0);
     /* the segment size follows the rounded size: 10 MiB - 1 rounds to 10 MiB */
-    EXPECT_ROUND(&fx, 0x29, 10 * MiB - 1, 10 * MiB, 10 * MiB, 0);
+    EXPECT_ROUND(&fx, FX_STREAM(13), 10 * MiB - 1, 10 * MiB, 10 * MiB, 0);
     /* 10 MiB and above: the request rounded up to 2 MiB. */
-    EXPECT_ROUND(&fx, 0x24, 10 * MiB, 10 * MiB, 10 * MiB, 0);
-    EXPECT_ROUND(&fx, 0x25, 10 * MiB + 1, 10 * MiB + 512, 12 * MiB, 0);
+    EXPECT_ROUND(&fx, FX_STREAM(8), 10 * MiB, 10 * MiB, 10 * MiB, 0);
+    EXPECT_ROUND(&fx, FX_STREAM(9), 10 * MiB + 1, 10 * MiB + 512, 12 * MiB, 0);
     /* remainder exactly 1 MiB: not split, the block is the whole segment */
-    EXPECT_ROUND(&fx, 0x26, 11 * MiB, 12 * MiB, 12 * MiB, 0);
-    EXPECT_ROUND(&fx, 0x27, 100 * MiB, 100 * MiB, 100 * MiB, 0);
-    EXPECT_ROUND(&fx, 0x28, 101 * MiB, 102 * MiB, 102 * MiB, 0);
+    EXPECT_ROUND(&fx, FX_STREAM(10), 11 * MiB, 12 * MiB, 12 * MiB, 0);
+    EXPECT_ROUND(&fx, FX_STREAM(11), 100 * MiB, 100 * MiB, 100 * MiB, 0);
+    EXPECT_ROUND(&fx, FX_STREAM(12), 101 * MiB, 102 * MiB, 102 * MiB, 0);
     gm_stats_t s = fx_stats(&fx);
     CHECK_EQ(s.segment[GM_STAT_SMALL].current, 1);
     CHECK_EQ(s.segment[GM_STAT_LARGE].current, 9);
     CHECK_EQ(s.reserved_bytes[GM_STAT_SMALL].current, 2 * MiB);
     CHECK_EQ(s.reserved_bytes[GM_STAT_LARGE].current,
              20 * MiB * 3 + 10 * MiB * 2 + 12 * MiB * 2 + 100 * MiB + 102 * MiB);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 10);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 10);
     fx_close(&fx);
 }
 
 TEST(small_requests_share_a_segment) {
+    /* plain segments: about cudaMalloc segment sizes, splits and calls */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     uintptr_t p[8];
     for (int i = 0; i < 8; i++)
         p[i] = MALLOC(&fx, 100 * KiB, S1); /* 8 x 100 KiB fit in 2 MiB */
     for (int i = 1; i < 8; i++)
         CHECK_EQ(p[i], p[i - 1] + 100 * KiB); /* carved from the front, in order */
     CHECK_EQ(fx_stats(&fx).segment[GM_STAT_SMALL].current, 1);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 1);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 1);
     /* 1 MiB and 1 MiB - 512 fill a segment; the last 512 bytes still serve a
      * request (small pool: remainder >= 512 is split). */
     uintptr_t a = MALLOC(&fx, 1 * MiB, S2);
@@ -126,8 +132,10 @@ TEST(small_requests_share_a_segment) {
 }
 
 TEST(best_fit_small_pool) {
+    /* plain segments: about cudaMalloc segment sizes, splits and calls */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     /* [g0 512][h1 8K][g1 512][h2 4K][g2 512][h3 16K][g3 512][h4 4K][g4 512][tail] */
     uintptr_t g[5], h[5];
     size_t hs[5] = {0, 8 * KiB, 4 * KiB, 16 * KiB, 4 * KiB};
@@ -162,7 +170,7 @@ TEST(best_fit_small_pool) {
     /* 20 KiB: only the tail fits */
     uintptr_t w = MALLOC(&fx, 20 * KiB, S1);
     CHECK_EQ(w, g[4] + 512);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 1);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 1);
     CHECK_ALLOC(&fx);
     uintptr_t all[] = {g[0], g[1], g[2], g[3], g[4], x, y, z, u, v, w};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -174,8 +182,10 @@ TEST(best_fit_small_pool) {
 }
 
 TEST(best_fit_and_split_rule_large_pool) {
+    /* plain segments: about cudaMalloc segment sizes, splits and calls */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     /* one 20 MiB segment: [a 3M][g1 2M][b 5M][g2 2M][tail 8M] */
     uintptr_t a = MALLOC(&fx, 3 * MiB, S1);
     uintptr_t g1 = MALLOC(&fx, 2 * MiB, S1);
@@ -184,7 +194,7 @@ TEST(best_fit_and_split_rule_large_pool) {
     CHECK_EQ(g1, a + 3 * MiB);
     CHECK_EQ(b, a + 5 * MiB);
     CHECK_EQ(g2, a + 10 * MiB);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 1);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 1);
     FREE(&fx, a);
     FREE(&fx, b);
     /* 4 MiB: best fit is b (5 MiB); the 1 MiB remainder is not > 1 MiB, so
@@ -210,7 +220,7 @@ TEST(best_fit_and_split_rule_large_pool) {
     uintptr_t t = MALLOC(&fx, 1 * MiB + 1, S1);
     CHECK_EQ(t, a + 18 * MiB);
     CHECK_EQ(fx_block_size(&fx, t), 2 * MiB);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 1);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 1);
     CHECK_ALLOC(&fx);
     FREE(&fx, g1);
     FREE(&fx, g2);
@@ -222,15 +232,17 @@ TEST(best_fit_and_split_rule_large_pool) {
 }
 
 TEST(split_20mib_segment_into_4mib_blocks) {
+    /* plain segments: about cudaMalloc segment sizes, splits and calls */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     uintptr_t p[5];
     for (int i = 0; i < 5; i++)
         p[i] = MALLOC(&fx, 4 * MiB, S1);
     for (int i = 1; i < 5; i++)
         CHECK_EQ(p[i], p[0] + (size_t)i * 4 * MiB);
-    gm_sim_counters_t c = fx_counters(&fx);
-    CHECK_EQ(c.calls[GM_SIM_FN_SEG_ALLOC], 1);
+    tdev_counters_t c = fx_counters(&fx);
+    CHECK_EQ(c.calls[TDEV_FN_SEG_ALLOC], 1);
     CHECK_EQ(c.bytes_allocated, 20 * MiB);
     gm_stats_t s = fx_stats(&fx);
     CHECK_EQ(s.segment[GM_STAT_LARGE].current, 1);
@@ -238,7 +250,7 @@ TEST(split_20mib_segment_into_4mib_blocks) {
     CHECK_EQ(s.inactive_split[GM_STAT_ALL].current, 0); /* fully used */
     /* a sixth needs a new segment */
     uintptr_t q = MALLOC(&fx, 4 * MiB, S1);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 2);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 2);
     FREE(&fx, q);
     for (int i = 0; i < 5; i++)
         FREE(&fx, p[i]);
@@ -246,8 +258,10 @@ TEST(split_20mib_segment_into_4mib_blocks) {
 }
 
 TEST(coalescing_neighbours) {
+    /* plain segments: about cudaMalloc segment sizes, splits and calls */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     uintptr_t p[5];
     for (int i = 0; i < 5; i++)
         p[i] = MALLOC(&fx, 4 * MiB, S1);
@@ -291,7 +305,7 @@ TEST(coalescing_neighbours) {
     /* the whole segment serves a 20 MiB request without the device */
     uintptr_t all = MALLOC(&fx, 20 * MiB, S1);
     CHECK_EQ(all, p[0]);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 1);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 1);
     CHECK_EQ(fx_stats(&fx).num_device_alloc, 1);
     FREE(&fx, all);
     CHECK_ALLOC(&fx);
@@ -299,10 +313,12 @@ TEST(coalescing_neighbours) {
 }
 
 TEST(coalescing_in_any_order) {
+    /* plain segments: about cudaMalloc segment sizes, splits and calls */
+    gm_settings_t plain = settings_with(0);
     static const int orders[][4] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 3, 0, 2}, {2, 0, 3, 1}};
     for (size_t o = 0; o < sizeof orders / sizeof orders[0]; o++) {
         fx_t fx;
-        REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+        REQUIRE(fx_open(&fx, NULL, &plain) == 0);
         uintptr_t p[4];
         for (int i = 0; i < 4; i++)
             p[i] = MALLOC(&fx, 256 * KiB, S1);
@@ -318,7 +334,7 @@ TEST(coalescing_in_any_order) {
         uintptr_t r = MALLOC(&fx, 1 * MiB, S1);
         CHECK_EQ(q, p[0]);
         CHECK_EQ(r, p[0] + 1 * MiB);
-        CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 1);
+        CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 1);
         FREE(&fx, q);
         FREE(&fx, r);
         fx_close(&fx);
@@ -326,8 +342,7 @@ TEST(coalescing_in_any_order) {
 }
 
 TEST(roundup_power2_divisions) {
-    gm_settings_t st;
-    gm_settings_default(&st);
+    gm_settings_t st = fx_settings(); /* either mode: rounding comes first */
     st.roundup_power2_divisions[0] = 4; /* sizes below 2 MiB */
     st.roundup_power2_divisions[1] = 4; /* [2 MiB, 4 MiB) */
     char msg[256] = "";

@@ -20,8 +20,10 @@ static int try_malloc(fx_t *fx, size_t size, uintptr_t stream, uintptr_t *p, gm_
 }
 
 TEST(empty_cache_returns_wholly_free_segments) {
+    /* plain segments: about segment sizes and seg_alloc/seg_free calls */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     uintptr_t small_used = MALLOC(&fx, 1000, S1);
     uintptr_t small_free = MALLOC(&fx, 1000, S2);   /* own 2 MiB segment */
     uintptr_t big_free = MALLOC(&fx, 30 * MiB, S1); /* own 30 MiB segment */
@@ -36,7 +38,7 @@ TEST(empty_cache_returns_wholly_free_segments) {
     gm_stats_t before = fx_stats(&fx);
     CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), 0);
     gm_stats_t after = fx_stats(&fx);
-    gm_sim_counters_t c = fx_counters(&fx);
+    tdev_counters_t c = fx_counters(&fx);
     CHECK_EQ(c.bytes_allocated, 2 * MiB + 20 * MiB);
     CHECK_EQ(c.live_segments, 2);
     CHECK_EQ(after.reserved_bytes[GM_STAT_ALL].current, 22 * MiB);
@@ -66,9 +68,11 @@ TEST(empty_cache_returns_wholly_free_segments) {
 }
 
 TEST(memory_fraction_limits_reserved) {
-    gm_sim_config_t cfg = sim_cfg(64 * MiB, GM_SIM_EVENTS_IMMEDIATE);
+    /* plain segments: about segment sizes and seg_alloc/seg_free calls */
+    gm_settings_t plain = settings_with(0);
+    tdev_config_t cfg = dev_cfg(64 * MiB, TDEV_EVENTS_IMMEDIATE);
     fx_t fx;
-    REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
+    REQUIRE(fx_open(&fx, &cfg, &plain) == 0);
     CHECK_EQ(gm_alloc_memory_limit(fx.a), 0);
     CHECK_EQ(gm_alloc_set_memory_fraction(fx.a, 0.5), 0);
     CHECK_EQ(gm_alloc_memory_limit(fx.a), 32 * MiB);
@@ -109,8 +113,10 @@ TEST(memory_fraction_limits_reserved) {
 }
 
 TEST(memory_limit_releases_cache_then_retries) {
+    /* plain segments: about segment sizes and seg_alloc/seg_free calls */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     CHECK_EQ(gm_alloc_set_memory_limit(fx.a, 40 * MiB), 0);
     CHECK_EQ(gm_alloc_memory_limit(fx.a), 40 * MiB);
     uintptr_t a = MALLOC(&fx, 30 * MiB, S1);
@@ -137,9 +143,11 @@ TEST(memory_limit_releases_cache_then_retries) {
 }
 
 TEST(oom_frees_cache_and_retries) {
-    gm_sim_config_t cfg = sim_cfg(64 * MiB, GM_SIM_EVENTS_IMMEDIATE);
+    /* plain segments: about segment sizes and seg_alloc/seg_free calls */
+    gm_settings_t plain = settings_with(0);
+    tdev_config_t cfg = dev_cfg(64 * MiB, TDEV_EVENTS_IMMEDIATE);
     fx_t fx;
-    REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
+    REQUIRE(fx_open(&fx, &cfg, &plain) == 0);
     uintptr_t a = MALLOC(&fx, 30 * MiB, S1);
     FREE(&fx, a);
     trace_clear(&fx);
@@ -162,9 +170,11 @@ TEST(oom_frees_cache_and_retries) {
 }
 
 TEST(oom_reports_details_and_stays_usable) {
-    gm_sim_config_t cfg = sim_cfg(64 * MiB, GM_SIM_EVENTS_IMMEDIATE);
+    /* plain segments: about segment sizes and seg_alloc/seg_free calls */
+    gm_settings_t plain = settings_with(0);
+    tdev_config_t cfg = dev_cfg(64 * MiB, TDEV_EVENTS_IMMEDIATE);
     fx_t fx;
-    REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
+    REQUIRE(fx_open(&fx, &cfg, &plain) == 0);
     uintptr_t small = MALLOC(&fx, 4 * MiB, S1); /* 20 MiB segment, 16 MiB unused */
     uintptr_t big = MALLOC(&fx, 40 * MiB, S1);  /* 40 MiB segment */
     uintptr_t cached = MALLOC(&fx, 1000, S2);   /* a 2 MiB segment, freed: cached */
@@ -217,7 +227,7 @@ TEST(oom_reports_details_and_stays_usable) {
 }
 
 TEST(oom_request_larger_than_device) {
-    gm_sim_config_t cfg = sim_cfg(64 * MiB, GM_SIM_EVENTS_IMMEDIATE);
+    tdev_config_t cfg = dev_cfg(64 * MiB, TDEV_EVENTS_IMMEDIATE);
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
     uintptr_t p;
@@ -235,19 +245,21 @@ TEST(oom_request_larger_than_device) {
 }
 
 TEST(fail_nth_seg_alloc_with_oom_retries) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_IMMEDIATE);
-    cfg.fail_fn = GM_SIM_FN_SEG_ALLOC;
+    /* plain segments: about segment sizes and seg_alloc/seg_free calls */
+    gm_settings_t plain = settings_with(0);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_IMMEDIATE);
+    cfg.fail_fn = TDEV_FN_SEG_ALLOC;
     cfg.fail_nth = 2;
     cfg.fail_code = GM_EOOM;
     fx_t fx;
-    REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
+    REQUIRE(fx_open(&fx, &cfg, &plain) == 0);
     uintptr_t a = MALLOC(&fx, 1000, S1);     /* call 1 */
     uintptr_t b = MALLOC(&fx, 4 * MiB, S1);  /* call 2 fails, call 3 succeeds */
     CHECK(b != 0);
     gm_stats_t s = fx_stats(&fx);
     CHECK_EQ(s.num_alloc_retries, 1);
     CHECK_EQ(s.num_ooms, 0);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 3);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 3);
     CHECK_ALLOC(&fx);
     FREE(&fx, a);
     FREE(&fx, b);
@@ -255,12 +267,14 @@ TEST(fail_nth_seg_alloc_with_oom_retries) {
 }
 
 TEST(fail_nth_seg_alloc_with_device_error_propagates) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_IMMEDIATE);
-    cfg.fail_fn = GM_SIM_FN_SEG_ALLOC;
+    /* plain segments: about segment sizes and seg_alloc/seg_free calls */
+    gm_settings_t plain = settings_with(0);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_IMMEDIATE);
+    cfg.fail_fn = TDEV_FN_SEG_ALLOC;
     cfg.fail_nth = 2;
     cfg.fail_code = GM_EDEVICE;
     fx_t fx;
-    REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
+    REQUIRE(fx_open(&fx, &cfg, &plain) == 0);
     uintptr_t a = MALLOC(&fx, 1000, S1);
     uintptr_t p = 0;
     gm_oom_info_t oom;
@@ -271,7 +285,7 @@ TEST(fail_nth_seg_alloc_with_device_error_propagates) {
     CHECK_EQ(s.num_ooms, 0);
     CHECK_EQ(s.allocation[GM_STAT_ALL].current, 1);
     CHECK_EQ(s.segment[GM_STAT_ALL].current, 1);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 2);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 2);
     CHECK_EQ(trace_count(&fx, GM_ACT_OOM), 0);
     CHECK_ALLOC(&fx);
     /* the next call goes through */
@@ -283,17 +297,20 @@ TEST(fail_nth_seg_alloc_with_device_error_propagates) {
 }
 
 TEST(failure_injection_at_run_time) {
+    SKIP_IF(fx_on_cuda() && fx_expandable_default,
+            "fail_above refuses one device allocation above a size; the CUDA backend maps "
+            "expandable segments one granule-sized cuMemCreate at a time, so no call is large");
     fx_t fx;
     REQUIRE(fx_open(&fx, NULL, NULL) == 0);
     /* fail_above: any segment over 100 MiB is refused as out of memory */
-    gm_sim_set_failure(fx.sim, -1, 0, GM_EOOM, 100 * MiB);
+    fx_set_failure(&fx, -1, 0, GM_EOOM, 100 * MiB);
     uintptr_t p;
     gm_oom_info_t oom;
     CHECK_EQ(try_malloc(&fx, 200 * MiB, S1, &p, &oom), GM_EOOM);
     CHECK_EQ(oom.limit_hit, 0);
     CHECK_EQ(oom.alloc_size, 200 * MiB);
     uintptr_t a = MALLOC(&fx, 100 * MiB, S1);
-    gm_sim_set_failure(fx.sim, -1, 0, GM_EOOM, 0);
+    fx_set_failure(&fx, -1, 0, GM_EOOM, 0);
     uintptr_t b = MALLOC(&fx, 200 * MiB, S1);
     CHECK_EQ(fx_stats(&fx).num_ooms, 1);
     FREE(&fx, a);
@@ -303,7 +320,7 @@ TEST(failure_injection_at_run_time) {
 }
 
 TEST(failing_seg_free_and_events_keep_state_consistent) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_NEVER);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_NEVER);
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
     uintptr_t a = MALLOC(&fx, 4 * MiB, S1);
@@ -311,22 +328,22 @@ TEST(failing_seg_free_and_events_keep_state_consistent) {
     /* the event record of this free fails: whatever free returns, the
      * allocator must stay consistent and clean up on destroy */
     /* (a failure set at run time counts calls from then on) */
-    gm_sim_set_failure(fx.sim, GM_SIM_FN_EVENT_RECORD, 1, GM_EDEVICE, 0);
+    fx_set_failure(&fx, TDEV_FN_EVENT_RECORD, 1, GM_EDEVICE, 0);
     int rc = gm_alloc_free(fx.a, a, 0);
     CHECK(rc == 0 || rc == GM_EDEVICE);
     CHECK_ALLOC(&fx);
-    gm_sim_set_failure(fx.sim, -1, 0, GM_EOOM, 0);
-    gm_sim_complete_events(fx.sim);
+    fx_set_failure(&fx, -1, 0, GM_EOOM, 0);
+    fx_complete_events(&fx);
     CHECK_EQ(gm_alloc_process_events(fx.a, 0), 0);
     CHECK_ALLOC(&fx);
     /* a failing seg_free during empty_cache is reported, not fatal */
     uintptr_t b = MALLOC(&fx, 30 * MiB, S3);
     FREE(&fx, b);
-    gm_sim_set_failure(fx.sim, GM_SIM_FN_SEG_FREE, 1, GM_EDEVICE, 0);
+    fx_set_failure(&fx, TDEV_FN_SEG_FREE, 1, GM_EDEVICE, 0);
     rc = gm_alloc_empty_cache(fx.a, 0);
     CHECK(rc == 0 || rc == GM_EDEVICE);
     CHECK_ALLOC(&fx);
-    gm_sim_set_failure(fx.sim, -1, 0, GM_EOOM, 0);
+    fx_set_failure(&fx, -1, 0, GM_EOOM, 0);
     CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), 0);
     CHECK_ALLOC(&fx);
     fx_close(&fx);
@@ -336,9 +353,10 @@ TEST(failing_seg_free_and_events_keep_state_consistent) {
  * the device, cached unsplit large blocks are released until reserved
  * memory is back under threshold x limit, so no OOM retry is needed. */
 static void gc_case(double threshold, int expect_retries) {
-    gm_sim_config_t cfg = sim_cfg(1024 * MiB, GM_SIM_EVENTS_IMMEDIATE);
-    gm_settings_t st;
-    gm_settings_default(&st);
+    tdev_config_t cfg = dev_cfg(1024 * MiB, TDEV_EVENTS_IMMEDIATE);
+    /* plain segments: with expandable ones the four freed 100 MiB blocks
+     * coalesce into one free range that serves 120 MiB without any release */
+    gm_settings_t st = settings_with(0);
     st.garbage_collection_threshold = threshold;
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, &st) == 0);

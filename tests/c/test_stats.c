@@ -39,8 +39,10 @@ TEST(stats_start_at_zero) {
 }
 
 TEST(stats_one_small_allocation) {
+    /* plain segments: about the stats of cudaMalloc segments */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     uintptr_t p = MALLOC(&fx, 1000, S0);
     gm_stats_t s = fx_stats(&fx);
     CHECK_STAT(s.allocation[GM_STAT_ALL], 1, 1, 1, 0);
@@ -79,8 +81,10 @@ TEST(stats_one_small_allocation) {
 }
 
 TEST(stats_small_and_large_are_separate) {
+    /* plain segments: about the stats of cudaMalloc segments */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     uintptr_t a = MALLOC(&fx, 100 * KiB, S1);
     uintptr_t b = MALLOC(&fx, 200 * KiB, S1);
     uintptr_t c = MALLOC(&fx, 5 * MiB, S1);
@@ -115,8 +119,10 @@ TEST(stats_small_and_large_are_separate) {
 }
 
 TEST(stats_peaks_and_resets) {
+    /* plain segments: about the stats of cudaMalloc segments */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     uintptr_t a = MALLOC(&fx, 4 * MiB, S1);
     uintptr_t b = MALLOC(&fx, 4 * MiB, S1);
     FREE(&fx, a);
@@ -149,8 +155,10 @@ TEST(stats_peaks_and_resets) {
 }
 
 TEST(stats_num_device_alloc_and_free) {
+    /* plain segments: about the stats of cudaMalloc segments */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     uintptr_t p[4];
     p[0] = MALLOC(&fx, 1000, S1);
     p[1] = MALLOC(&fx, 2000, S1); /* same segment */
@@ -158,20 +166,20 @@ TEST(stats_num_device_alloc_and_free) {
     p[3] = MALLOC(&fx, 12 * MiB, S2);
     gm_stats_t s = fx_stats(&fx);
     CHECK_EQ(s.num_device_alloc, 3);
-    CHECK_EQ(s.num_device_alloc, fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC]);
+    CHECK_EQ(s.num_device_alloc, fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC]);
     for (int i = 0; i < 4; i++)
         FREE(&fx, p[i]);
     CHECK_EQ(fx_stats(&fx).num_device_free, 0);
     CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), 0);
     s = fx_stats(&fx);
     CHECK_EQ(s.num_device_free, 3);
-    CHECK_EQ(s.num_device_free, fx_counters(&fx).calls[GM_SIM_FN_SEG_FREE]);
+    CHECK_EQ(s.num_device_free, fx_counters(&fx).calls[TDEV_FN_SEG_FREE]);
     fx_close(&fx);
 }
 
 TEST(stats_oversize_with_max_split_size) {
-    gm_settings_t st;
-    gm_settings_default(&st);
+    /* plain segments: oversize_segments counts cudaMalloc segments */
+    gm_settings_t st = settings_with(0);
     st.max_split_size = 40 * MiB;
     fx_t fx;
     REQUIRE(fx_open(&fx, NULL, &st) == 0);
@@ -190,12 +198,12 @@ TEST(stats_oversize_with_max_split_size) {
     uintptr_t x = MALLOC(&fx, 45 * MiB, S1);
     CHECK_NE(x, big);
     CHECK_EQ(fx_block_size(&fx, x), 46 * MiB);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 3);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 3);
     /* 55 MiB may take it whole (rounding up by less than 20 MiB) */
     uintptr_t y = MALLOC(&fx, 55 * MiB, S1);
     CHECK_EQ(y, big);
     CHECK_EQ(fx_block_size(&fx, y), 70 * MiB);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 3);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 3);
     s = fx_stats(&fx);
     CHECK_EQ(s.oversize_allocations.current, 2);
     CHECK_EQ(s.oversize_segments.current, 2);
@@ -203,7 +211,7 @@ TEST(stats_oversize_with_max_split_size) {
     /* a request below max_split_size never takes an oversize block */
     uintptr_t z = MALLOC(&fx, 20 * MiB, S1);
     CHECK_NE(z, big);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_SEG_ALLOC], 4);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_SEG_ALLOC], 4);
     FREE(&fx, x);
     FREE(&fx, z);
     FREE(&fx, mid);
@@ -219,9 +227,8 @@ TEST(stats_max_split_releases_oversize_blocks_first) {
     /* release_available_cached_blocks: with max_split_size set, a refused
      * device allocation first frees the smallest cached oversize block that
      * is large enough, not the whole cache, and does not count a retry. */
-    gm_sim_config_t cfg = sim_cfg(200 * MiB, GM_SIM_EVENTS_IMMEDIATE);
-    gm_settings_t st;
-    gm_settings_default(&st);
+    tdev_config_t cfg = dev_cfg(200 * MiB, TDEV_EVENTS_IMMEDIATE);
+    gm_settings_t st = settings_with(0); /* plain segments: which segment goes back */
     st.max_split_size = 40 * MiB;
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, &st) == 0);

@@ -26,7 +26,11 @@ TEST(free_lists_are_per_stream) {
     FREE(&fx, p1);
     uintptr_t p2 = MALLOC(&fx, 1000, S2);
     CHECK_NE(p2, p1);
-    CHECK_EQ(fx_stats(&fx).segment[GM_STAT_SMALL].current, 2);
+    /* one segment (plain) or one reserved range (expandable) per stream */
+    if (fx.settings.expandable_segments)
+        CHECK_EQ(fx_counters(&fx).live_reservations, 2);
+    else
+        CHECK_EQ(fx_stats(&fx).segment[GM_STAT_SMALL].current, 2);
     uintptr_t p3 = MALLOC(&fx, 1000, S1);
     CHECK_EQ(p3, p1);
     /* the same for the large pool */
@@ -34,7 +38,10 @@ TEST(free_lists_are_per_stream) {
     FREE(&fx, l1);
     uintptr_t l2 = MALLOC(&fx, 4 * MiB, S2);
     CHECK_NE(l2, l1);
-    CHECK_EQ(fx_stats(&fx).segment[GM_STAT_LARGE].current, 2);
+    if (fx.settings.expandable_segments)
+        CHECK_EQ(fx_counters(&fx).live_reservations, 4);
+    else
+        CHECK_EQ(fx_stats(&fx).segment[GM_STAT_LARGE].current, 2);
     uintptr_t l3 = MALLOC(&fx, 4 * MiB, S1);
     CHECK_EQ(l3, l1);
     walk_t w;
@@ -58,7 +65,7 @@ TEST(free_lists_are_per_stream) {
 }
 
 TEST(record_stream_defers_reuse_until_events_complete) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_NEVER);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_NEVER);
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
     uintptr_t p = MALLOC(&fx, 1000, S1);
@@ -67,7 +74,7 @@ TEST(record_stream_defers_reuse_until_events_complete) {
     FREE(&fx, p);
     CHECK(trace_find(&fx, GM_ACT_FREE_REQUESTED, p) >= 0);
     CHECK_EQ(trace_find(&fx, GM_ACT_FREE_COMPLETED, p), -1);
-    CHECK_GE(fx_counters(&fx).calls[GM_SIM_FN_EVENT_RECORD], 1);
+    CHECK_GE(fx_counters(&fx).calls[TDEV_FN_EVENT_RECORD], 1);
     CHECK_EQ(block_state(&fx, p), GM_BLOCK_ACTIVE_PENDING_FREE);
     gm_stats_t s = fx_stats(&fx);
     CHECK_EQ(s.allocation[GM_STAT_ALL].current, 0);
@@ -84,7 +91,7 @@ TEST(record_stream_defers_reuse_until_events_complete) {
     CHECK_NE(r, p);
     CHECK_ALLOC(&fx);
     /* complete the events: the next poll frees the block */
-    gm_sim_complete_events(fx.sim);
+    fx_complete_events(&fx);
     CHECK_EQ(gm_alloc_process_events(fx.a, 0), 0);
     int i = trace_find(&fx, GM_ACT_FREE_COMPLETED, p);
     CHECK(i >= 0);
@@ -105,7 +112,7 @@ TEST(record_stream_defers_reuse_until_events_complete) {
 }
 
 TEST(record_stream_on_own_stream_is_ignored) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_NEVER);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_NEVER);
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
     uintptr_t p = MALLOC(&fx, 1000, S1);
@@ -113,7 +120,7 @@ TEST(record_stream_on_own_stream_is_ignored) {
     trace_clear(&fx);
     FREE(&fx, p);
     CHECK(trace_find(&fx, GM_ACT_FREE_COMPLETED, p) >= 0);
-    CHECK_EQ(fx_counters(&fx).calls[GM_SIM_FN_EVENT_RECORD], 0);
+    CHECK_EQ(fx_counters(&fx).calls[TDEV_FN_EVENT_RECORD], 0);
     CHECK_EQ(fx_stats(&fx).active[GM_STAT_ALL].current, 0);
     uintptr_t q = MALLOC(&fx, 1000, S1);
     CHECK_EQ(q, p);
@@ -122,7 +129,7 @@ TEST(record_stream_on_own_stream_is_ignored) {
 }
 
 TEST(record_stream_several_streams) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_NEVER);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_NEVER);
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
     uintptr_t p = MALLOC(&fx, 8 * MiB, S1);
@@ -130,9 +137,9 @@ TEST(record_stream_several_streams) {
     CHECK_EQ(gm_alloc_record_stream(fx.a, p, S3), 0);
     CHECK_EQ(gm_alloc_record_stream(fx.a, p, S2), 0); /* a repeat is harmless */
     FREE(&fx, p);
-    CHECK_GE(fx_counters(&fx).calls[GM_SIM_FN_EVENT_RECORD], 2);
+    CHECK_GE(fx_counters(&fx).calls[TDEV_FN_EVENT_RECORD], 2);
     CHECK_EQ(block_state(&fx, p), GM_BLOCK_ACTIVE_PENDING_FREE);
-    gm_sim_complete_events(fx.sim);
+    fx_complete_events(&fx);
     CHECK_EQ(gm_alloc_process_events(fx.a, 0), 0);
     CHECK_EQ(block_state(&fx, p), GM_BLOCK_INACTIVE);
     CHECK_EQ(fx_stats(&fx).active_bytes[GM_STAT_ALL].current, 0);
@@ -140,7 +147,7 @@ TEST(record_stream_several_streams) {
 }
 
 TEST(events_after_n_queries) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_AFTER_N);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_AFTER_N);
     cfg.event_after_n = 3;
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
@@ -158,12 +165,12 @@ TEST(events_after_n_queries) {
     CHECK_EQ(block_state(&fx, p), GM_BLOCK_INACTIVE);
     CHECK_GE(polls, 2);
     CHECK_LE(polls, 5);
-    CHECK_GE(fx_counters(&fx).calls[GM_SIM_FN_EVENT_QUERY], 2);
+    CHECK_GE(fx_counters(&fx).calls[TDEV_FN_EVENT_QUERY], 2);
     uintptr_t q = MALLOC(&fx, 1000, S1);
     CHECK_EQ(q, p);
     FREE(&fx, q);
     /* the mode can be changed at run time */
-    gm_sim_set_event_mode(fx.sim, GM_SIM_EVENTS_IMMEDIATE, 0);
+    fx_set_event_mode(&fx, TDEV_EVENTS_IMMEDIATE, 0);
     uintptr_t r = MALLOC(&fx, 1000, S1);
     CHECK_EQ(gm_alloc_record_stream(fx.a, r, S3), 0);
     FREE(&fx, r);
@@ -173,7 +180,7 @@ TEST(events_after_n_queries) {
 }
 
 TEST(pending_block_is_not_coalesced) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_NEVER);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_NEVER);
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
     uintptr_t a = MALLOC(&fx, 1000, S1);
@@ -198,7 +205,7 @@ TEST(pending_block_is_not_coalesced) {
     }
     walk_free(&w);
     CHECK_ALLOC(&fx);
-    gm_sim_complete_events(fx.sim);
+    fx_complete_events(&fx);
     CHECK_EQ(gm_alloc_process_events(fx.a, 0), 0);
     walk_collect(&fx, &w);
     CHECK_EQ(w.nsegs, 1);
@@ -209,7 +216,7 @@ TEST(pending_block_is_not_coalesced) {
 }
 
 TEST(empty_cache_waits_for_events) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_NEVER);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_NEVER);
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
     uintptr_t p = MALLOC(&fx, 4 * MiB, S1);
@@ -218,17 +225,20 @@ TEST(empty_cache_waits_for_events) {
     trace_clear(&fx);
     CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), 0);
     int fc = trace_find(&fx, GM_ACT_FREE_COMPLETED, p);
-    int sf = trace_find(&fx, GM_ACT_SEGMENT_FREE, p);
+    /* the segment is freed (plain) or its granules unmapped (expandable) */
+    int sf = trace_find(&fx, fx.settings.expandable_segments ? GM_ACT_SEGMENT_UNMAP
+                                                             : GM_ACT_SEGMENT_FREE, p);
     CHECK(fc >= 0);
     CHECK(sf >= 0);
     CHECK_LT(fc, sf);
     CHECK_EQ(fx_counters(&fx).bytes_allocated, 0);
+    CHECK_EQ(fx_counters(&fx).bytes_mapped, 0);
     CHECK_EQ(fx_reserved(&fx), 0);
     fx_close(&fx);
 }
 
 TEST(oom_retry_synchronizes_pending_frees) {
-    gm_sim_config_t cfg = sim_cfg(64 * MiB, GM_SIM_EVENTS_NEVER);
+    tdev_config_t cfg = dev_cfg(64 * MiB, TDEV_EVENTS_NEVER);
     fx_t fx;
     REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
     uintptr_t p = MALLOC(&fx, 40 * MiB, S1);

@@ -9,9 +9,11 @@
 #include "helpers.h"
 
 TEST(walk_lists_segments_and_blocks) {
-    gm_sim_config_t cfg = sim_cfg(0, GM_SIM_EVENTS_NEVER);
+    /* plain segments: about segment layout and segment_* trace events */
+    gm_settings_t plain = settings_with(0);
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_NEVER);
     fx_t fx;
-    REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
+    REQUIRE(fx_open(&fx, &cfg, &plain) == 0);
     uintptr_t a = 0;
     CHECK_EQ(gm_alloc_malloc(fx.a, 1000, S1, 7, &a, NULL), 0); /* ctx 7 */
     uintptr_t b = MALLOC(&fx, 3000, S1);
@@ -62,7 +64,7 @@ TEST(walk_lists_segments_and_blocks) {
     CHECK_EQ(hs->info.nblocks, 1);
     CHECK_EQ(hs->info.allocated_size, 30 * MiB);
     walk_free(&w);
-    gm_sim_complete_events(fx.sim);
+    fx_complete_events(&fx);
     CHECK_EQ(gm_alloc_process_events(fx.a, 0), 0);
     FREE(&fx, a);
     FREE(&fx, c);
@@ -90,11 +92,13 @@ static int stop_after_first(void *arg, const gm_segment_info_t *seg) {
 }
 
 TEST(walk_stops_early_and_orders_many_segments) {
+    /* plain segments: about segment layout and segment_* trace events */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     uintptr_t p[40];
     for (int i = 0; i < 40; i++) /* mixed sizes and streams, out of order */
-        p[i] = MALLOC(&fx, (size_t)((i * 7919) % 23 + 1) * MiB, (uintptr_t)(0x100 + i % 3));
+        p[i] = MALLOC(&fx, (size_t)((i * 7919) % 23 + 1) * MiB, FX_STREAM(4 + i % 3));
     for (int i = 0; i < 40; i += 3)
         FREE(&fx, p[i]);
     int calls = 0;
@@ -119,8 +123,10 @@ TEST(walk_stops_early_and_orders_many_segments) {
 }
 
 TEST(trace_hook_events) {
+    /* plain segments: about segment layout and segment_* trace events */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     trace_clear(&fx);
     uintptr_t p = 0;
     CHECK_EQ(gm_alloc_malloc(fx.a, 1000, S1, 11, &p, NULL), 0);
@@ -178,8 +184,10 @@ TEST(trace_hook_events) {
 }
 
 TEST(trace_split_blocks_report_their_own_sizes) {
+    /* plain segments: about segment layout and segment_* trace events */
+    gm_settings_t plain = settings_with(0);
     fx_t fx;
-    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    REQUIRE(fx_open(&fx, NULL, &plain) == 0);
     uintptr_t a = MALLOC(&fx, 3 * MiB, S1);
     trace_clear(&fx);
     uintptr_t b = MALLOC(&fx, 5 * MiB + 7, S1);

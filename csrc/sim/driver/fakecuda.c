@@ -1,11 +1,11 @@
 /*
  * fakecuda.c - the core of the fake CUDA driver: initialisation and
- * configuration (GPUMEM_FAKECUDA_*), failure injection, devices, primary
- * contexts and the per-thread context stack, and the sorted vector every
- * table uses.
+ * configuration (GPUMEM_FAKECUDA_*, and fakecuda_configure at run time),
+ * failure injection, devices, primary contexts and the per-thread context
+ * stack, and the sorted vector every table uses.
  *
  * Memory (cuMemAlloc and the VMM calls) is in fakecuda_mem.c, streams and
- * events in fakecuda_sync.c, error strings, the JSON report and the
+ * events in fakecuda_sync.c, error strings, the JSON report and the other
  * fakecuda_* control functions in fakecuda_report.c. README.md documents the
  * behaviour.
  *
@@ -15,7 +15,8 @@
  * documents for cuDevicePrimaryCtxRelease) and counted in fc.reclaimed.
  *
  * Must not: print anything except the one-line configuration error at cuInit
- * and the warning of fakecuda_set_event_mode/set_fail for a bad spec.
+ * and the warning of fakecuda_set_event_mode/set_fail/configure for a bad
+ * spec.
  */
 #include "fakecuda_internal.h"
 
@@ -128,7 +129,7 @@ void *fc_vec_remove(fc_vec_t *vec, uint64_t key)
 
 /* "80GiB", "512MiB", "2GB", "4096": an integer and an optional unit
  * (binary KiB..TiB or K..T, decimal kB..TB). "1.5GiB" is rejected. */
-static int parse_size(const char *s, size_t *out)
+int fc_parse_size(const char *s, size_t *out)
 {
     static const struct {
         const char *suffix;
@@ -331,7 +332,7 @@ static int load_config_unlocked(void)
         ndev = (int)n;
     }
     if ((v = config_env("MEMORY", &var))) {
-        if (parse_size(v, &memory) || memory == 0) {
+        if (fc_parse_size(v, &memory) || memory == 0) {
             fprintf(stderr, "fakecuda: %s='%s' is invalid: expected a positive "
                             "size such as 80GiB, 512MiB or 1048576\n", var, v);
             return -1;
@@ -339,7 +340,7 @@ static int load_config_unlocked(void)
     }
     if ((v = getenv("GPUMEM_FAKECUDA_GRANULARITY")) && *v) {
         long page = sysconf(_SC_PAGESIZE);
-        if (parse_size(v, &gran) || (gran && ((gran & (gran - 1)) || gran % (size_t)page))) {
+        if (fc_parse_size(v, &gran) || (gran && ((gran & (gran - 1)) || gran % (size_t)page))) {
             fprintf(stderr, "fakecuda: GPUMEM_FAKECUDA_GRANULARITY='%s' is invalid: expected 0 (no "
                             "VMM) or a power of two that is a multiple of the %ld-byte page, "
                             "such as 2MiB\n", v, page);
@@ -361,7 +362,7 @@ static int load_config_unlocked(void)
         }
     }
     if ((v = getenv("GPUMEM_FAKECUDA_FAIL_ABOVE")) && *v) {
-        if (parse_size(v, &fail_above)) {
+        if (fc_parse_size(v, &fail_above)) {
             fprintf(stderr, "fakecuda: GPUMEM_FAKECUDA_FAIL_ABOVE='%s' is invalid: expected a "
                             "size such as 1GiB\n", v);
             return -1;
@@ -402,6 +403,165 @@ static int load_config_unlocked(void)
         fc.dev[i].ctx.refcount = 0;
     }
     fc.config_loaded = 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* configuration at run time (fakecuda_configure)                       */
+
+/* Any memory object alive on any device: cuMemAlloc allocations, VMM
+ * handles (also released ones still mapped), reservations, mappings. */
+static int memory_live_unlocked(void)
+{
+    for (int i = 0; i < fc.ndev; i++) {
+        const fc_device_t *d = &fc.dev[i];
+        if (d->n_allocs || d->n_phys || d->n_reservations || d->n_mappings)
+            return 1;
+    }
+    return fc.allocs.n || fc.reservations.n || fc.mappings.n || fc.handles.n;
+}
+
+/* One "KEY=VALUE" item of a configure spec; the value runs to the next
+ * item. A "fail" value may itself hold commas (FUNC:N,FUNC:N): a piece
+ * without '=' continues the previous item. */
+typedef struct {
+    const char *key;
+    size_t keylen;
+    char value[1024];
+} cfg_item_t;
+
+static int key_is(const cfg_item_t *it, const char *k)
+{
+    return strlen(k) == it->keylen && strncmp(it->key, k, it->keylen) == 0;
+}
+
+/* Grammar and rules: README.md, "Test-control functions". All or nothing:
+ * on any error one line goes to stderr, nothing changes and -1 returns. */
+FC_API int fakecuda_configure(const char *spec)
+{
+    cfg_item_t items[8];
+    int n = 0;
+    char err[320] = "";
+    const char *p = spec ? spec : "";
+    while (*p && !err[0]) {
+        while (*p == ' ' || *p == ',' || *p == ';')
+            p++;
+        if (!*p)
+            break;
+        size_t len = strcspn(p, ",;");
+        const char *eq = memchr(p, '=', len);
+        if (!eq) {
+            /* a continuation of the previous "fail=" list */
+            if (n == 0 || !key_is(&items[n - 1], "fail")) {
+                snprintf(err, sizeof err, "item '%.*s' is not KEY=VALUE", (int)len, p);
+                break;
+            }
+            size_t have = strlen(items[n - 1].value);
+            if (have + 1 + len >= sizeof items[n - 1].value) {
+                snprintf(err, sizeof err, "the fail list is too long");
+                break;
+            }
+            items[n - 1].value[have] = ',';
+            memcpy(items[n - 1].value + have + 1, p, len);
+            items[n - 1].value[have + 1 + len] = '\0';
+            p += len;
+            continue;
+        }
+        if (n == (int)(sizeof items / sizeof items[0])) {
+            snprintf(err, sizeof err, "too many items");
+            break;
+        }
+        cfg_item_t *it = &items[n++];
+        it->key = p;
+        it->keylen = (size_t)(eq - p);
+        while (it->keylen && p[it->keylen - 1] == ' ')
+            it->keylen--;
+        size_t vlen = len - (size_t)(eq + 1 - p);
+        if (vlen >= sizeof it->value) {
+            snprintf(err, sizeof err, "the value of '%.*s' is too long", (int)it->keylen, p);
+            break;
+        }
+        memcpy(it->value, eq + 1, vlen);
+        it->value[vlen] = '\0';
+        p += len;
+    }
+
+    int set_memory = 0, set_gran = 0, set_events = 0, set_fail = 0, set_above = 0;
+    size_t memory = 0, gran = 0, above = 0;
+    int ev_mode = 0;
+    long ev_after = 0;
+    fc_fail_rule_t rules[FC_MAX_FAIL_RULES];
+    int nrules = 0;
+    const char *fail_spec = "";
+    for (int i = 0; i < n && !err[0]; i++) {
+        cfg_item_t *it = &items[i];
+        char *v = it->value;
+        while (*v == ' ')
+            v++;
+        if (key_is(it, "memory")) {
+            set_memory = 1;
+            if (fc_parse_size(v, &memory) || memory == 0)
+                snprintf(err, sizeof err, "memory='%s': expected a positive size such as "
+                                          "64MiB", v);
+        } else if (key_is(it, "granularity")) {
+            set_gran = 1;
+            long page = sysconf(_SC_PAGESIZE);
+            if (fc_parse_size(v, &gran) ||
+                (gran && ((gran & (gran - 1)) || gran % (size_t)page)))
+                snprintf(err, sizeof err, "granularity='%s': expected 0 (no VMM) or a power "
+                                          "of two that is a multiple of the %ld-byte page", v,
+                         page);
+        } else if (key_is(it, "events")) {
+            set_events = 1;
+            if (fc_parse_event_mode(v, &ev_mode, &ev_after))
+                snprintf(err, sizeof err, "events='%s': expected 'immediate', 'never' or "
+                                          "'after:N'", v);
+        } else if (key_is(it, "fail")) {
+            set_fail = 1;
+            fail_spec = v;
+            char why[256];
+            if (fc_parse_fail_spec(v, rules, &nrules, why, sizeof why))
+                snprintf(err, sizeof err, "fail='%s': %s", v, why);
+        } else if (key_is(it, "fail_above")) {
+            set_above = 1;
+            if (fc_parse_size(v, &above))
+                snprintf(err, sizeof err, "fail_above='%s': expected a size (0 = off)", v);
+        } else {
+            snprintf(err, sizeof err, "unknown key '%.*s' (expected memory, granularity, "
+                                      "events, fail or fail_above)", (int)it->keylen, it->key);
+        }
+    }
+
+    fc_lock();
+    /* The environment is the starting point: read it now if no cuInit has,
+     * so that a later cuInit does not overwrite what is set here. */
+    if (!err[0] && !fc.config_loaded && load_config_unlocked() != 0)
+        snprintf(err, sizeof err, "the GPUMEM_FAKECUDA_* environment is invalid");
+    if (!err[0] && (set_memory || set_gran) && memory_live_unlocked())
+        snprintf(err, sizeof err, "memory and granularity cannot change while device memory "
+                                  "is allocated, mapped or reserved");
+    if (err[0]) {
+        fc_unlock();
+        fprintf(stderr, "fakecuda: fakecuda_configure('%s') rejected: %s\n", spec ? spec : "",
+                err);
+        return -1;
+    }
+    if (set_memory) {
+        fc.memory = memory;
+        for (int i = 0; i < FC_MAX_DEVICES; i++)
+            fc.dev[i].capacity = memory;
+    }
+    if (set_gran)
+        fc.granularity = gran;
+    if (set_events) {
+        fc.ev_mode = ev_mode;
+        fc.ev_after = ev_after;
+    }
+    if (set_fail)
+        fc_set_fail_unlocked(rules, nrules, fail_spec);
+    if (set_above)
+        fc.fail_above = above;
+    fc_unlock();
     return 0;
 }
 

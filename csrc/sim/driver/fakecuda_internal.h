@@ -283,6 +283,8 @@ CUresult fc_current_ctx_unlocked(struct CUctx_st **out);
 int fc_valid_device(int dev);
 void fc_note_usage_unlocked(int dev);
 uint64_t fc_new_id_unlocked(void);
+/* "80GiB", "512MiB", "2GB", "4096" -> bytes; 0 ok, -1 malformed. */
+int fc_parse_size(const char *s, size_t *out);
 int fc_parse_fail_spec(const char *spec, fc_fail_rule_t *rules, int *nrules, char *err,
                        size_t errlen);
 void fc_set_fail_unlocked(const fc_fail_rule_t *rules, int nrules, const char *spec);

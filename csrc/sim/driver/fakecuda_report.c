@@ -410,6 +410,79 @@ FC_API int fakecuda_device_memory(int device, size_t *total, size_t *used)
     return ret == -2 ? -1 : ret;
 }
 
+/* One number of the accounting, without JSON (README.md lists the keys).
+ * Device keys read fc.dev[device]; global keys ignore `device`. -1 for an
+ * unknown key, an ordinal that is not a device, or a device key before the
+ * configuration is loaded. */
+FC_API long long fakecuda_query(const char *key, int device)
+{
+    if (!key)
+        return -1;
+    long long v = -1;
+    fc_lock();
+    if (strncmp(key, "calls.", 6) == 0) {
+        for (int i = 0; i < FN_COUNT; i++)
+            if (strcmp(key + 6, fc_func_names[i]) == 0) {
+                v = (long long)fc.calls[i];
+                break;
+            }
+    } else if (strcmp(key, "total_calls") == 0) {
+        uint64_t t = 0;
+        for (int i = 0; i < FN_COUNT; i++)
+            t += fc.calls[i];
+        v = (long long)t;
+    } else if (strcmp(key, "initialized") == 0) {
+        v = fc.initialized;
+    } else if (strcmp(key, "devices") == 0) {
+        v = fc.ndev;
+    } else if (strcmp(key, "memory") == 0) {
+        v = (long long)fc.memory;
+    } else if (strcmp(key, "granularity") == 0) {
+        v = (long long)fc.granularity;
+    } else if (strcmp(key, "fail_above") == 0) {
+        v = (long long)fc.fail_above;
+    } else if (strcmp(key, "reclaimed.allocations") == 0) {
+        v = (long long)fc.reclaimed.allocations;
+    } else if (strcmp(key, "reclaimed.bytes") == 0) {
+        v = (long long)fc.reclaimed.bytes;
+    } else if (strcmp(key, "reclaimed.streams") == 0) {
+        v = (long long)fc.reclaimed.streams;
+    } else if (strcmp(key, "reclaimed.events") == 0) {
+        v = (long long)fc.reclaimed.events;
+    } else if (strcmp(key, "leaks") == 0) {
+        size_t t = 0;
+        for (int i = 0; i < fc.ndev; i++) {
+            const fc_device_t *d = &fc.dev[i];
+            t += d->n_allocs + d->n_handles + d->n_reservations + d->n_mappings + d->n_events +
+                 d->n_streams;
+        }
+        v = (long long)t;
+    } else if (fc.config_loaded && fc_valid_device(device)) {
+        const fc_device_t *d = &fc.dev[device];
+        size_t used = d->bytes_allocated + d->bytes_created;
+        static const char *const keys[] = {
+            "capacity", "bytes_allocated", "bytes_created", "bytes_mapped", "bytes_reserved",
+            "bytes_used", "bytes_free", "peak_bytes_used", "allocations", "handles",
+            "handles_released_but_mapped", "reservations", "mappings", "events",
+            "events_pending", "streams", "primary_ctx_refcount",
+        };
+        size_t vals[] = {
+            d->capacity, d->bytes_allocated, d->bytes_created, d->bytes_mapped, d->bytes_reserved,
+            used, used < d->capacity ? d->capacity - used : 0, d->peak_used, d->n_allocs,
+            d->n_handles, d->n_phys - d->n_handles, d->n_reservations, d->n_mappings,
+            d->n_events, fc_sync_pending_events_unlocked(device), d->n_streams,
+            (size_t)d->ctx.refcount,
+        };
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            if (strcmp(key, keys[i]) == 0) {
+                v = (long long)vals[i];
+                break;
+            }
+    }
+    fc_unlock();
+    return v;
+}
+
 /* ------------------------------------------------------------------ */
 /* report at exit                                                       */
 
