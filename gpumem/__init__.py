@@ -5,7 +5,9 @@ device today: `Allocator` runs the core without a GPU, and
 `python -m gpumem replay SNAPSHOT.pickle` replays a PyTorch memory snapshot
 through it. `record_memory_history()` / `snapshot()` / `dump_snapshot()`
 record allocator events with their Python stacks and write snapshots that
-PyTorch's memory_viz opens (gpumem.history).
+PyTorch's memory_viz opens (gpumem.history); ``with gpumem.record(path):``
+wraps a block of a training script, and writes a snapshot when it ends or
+when an allocation fails with out of memory (gpumem.record).
 
 With PyTorch, `gpumem.install()` (before the first CUDA tensor) makes gpumem
 torch's CUDA allocator; `gpumem.memory_stats()`, `memory_summary()` and the
@@ -20,6 +22,7 @@ from gpumem._torch import (InstallError, TorchMissingError, install, is_installe
 from gpumem.history import (_dump_snapshot, _record_memory_history, _snapshot, dump_snapshot,
                             get_memory_metadata, history_overhead_bytes, record_memory_history,
                             set_memory_metadata, snapshot)
+from gpumem.record import Recorder, RecordError, record
 from gpumem.stats import (empty_cache, get_per_process_memory_fraction, max_memory_allocated,
                           max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
                           memory_snapshot, memory_stats, memory_summary,
@@ -36,4 +39,5 @@ __all__ = ["Allocator", "OutOfMemoryError", "format_size", "__version__",
            "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
            "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
            "memory_summary", "empty_cache", "mem_get_info", "set_per_process_memory_fraction",
-           "get_per_process_memory_fraction", "memory_snapshot"]
+           "get_per_process_memory_fraction", "memory_snapshot", "record", "Recorder",
+           "RecordError"]

@@ -19,6 +19,11 @@ garbage_collection_threshold, roundup_power2_divisions); an unknown key or a
 bad value is refused at install().  When GPUMEM_ALLOC_CONF is not set, those
 same keys are taken from PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (keys
 that only concern torch's own allocator are ignored there).
+
+install() also sets the shim's OOM hook (gpumem.record): with
+GPUMEM_OOM_SNAPSHOT=/dir set, every out-of-memory error of the process
+writes a snapshot into /dir before the exception reaches Python, and
+recording starts (if it is off) so that the snapshot has a history.
 """
 
 from __future__ import annotations
@@ -183,6 +188,8 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
                         raise _not_initialised_error() from e
                     raise
             _shim, _settings, _conf_source = mod, settings, source
+        from gpumem.record import _install_oom_hook
+        _install_oom_hook(_shim)  # OOM snapshots: gpumem.record and GPUMEM_OOM_SNAPSHOT
         if device is not None:
             _shim.ensure_device(_device_index(device))
         if patch_torch:

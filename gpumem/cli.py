@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from ._conf import ConfError
 from . import _shim_build
+from . import simulate as _simulate
 from ._unpickle import SnapshotError
 
 __all__ = ["main", "COMMANDS", "format_bytes"]
@@ -333,6 +334,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                 _add_summary_args, _run_summary),
     "diff": ("what grew between two snapshots, by allocation site (the leak finder)",
              _add_diff_args, _run_diff),
+    "simulate": (_simulate.HELP, _simulate.add_arguments, _simulate.run),
     "build-shim": _shim_build.CLI_COMMAND,
 }
 

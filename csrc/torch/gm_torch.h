@@ -10,7 +10,9 @@
  *     getBaseAllocation go to the core;
  *   - getDeviceStats/resetPeakStats/resetAccumulatedStats report the core's
  *     stats, so torch.cuda.memory_stats() works even without patching;
- *   - OOM observers (torch._C._cuda_attach_out_of_memory_observer) fire.
+ *   - OOM observers (torch._C._cuda_attach_out_of_memory_observer) fire,
+ *     after gpumem's own OOM hook (Note [OOM hook] in gm_torch_module.cpp),
+ *     which may write a snapshot and add a line naming it to the message.
  * The pointer -> (size, device, stream) map of the pluggable base class is
  * not used: each DataPtr carries a per-device deleter instead, and the core
  * finds the block by its own pointer map.
@@ -89,7 +91,7 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   int device_count() const { return device_count_.load(); }
 
  private:
-  [[noreturn]] void throw_oom(int device, const gm_oom_info_t& oom);
+  [[noreturn]] void throw_oom(int device, const gm_oom_info_t& oom, cudaStream_t stream);
 
   gm_settings_t settings_; /* immutable after construction */
   /* One core per device: null until first use, then set once (under
@@ -101,6 +103,14 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   std::mutex observers_mu_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_; /* protected by: observers_mu_ */
 };
+
+/* Run the Python OOM hook, if one is set (gm_torch_module.cpp, Note [OOM
+ * hook]): returns the line it asks to append to the OOM message, or "" when
+ * there is no hook, it returned None or failed, the interpreter is exiting,
+ * or this thread is already inside the hook. Takes the GIL; call with no
+ * core lock held. Never throws. */
+std::string run_oom_hook(int device, const gm_oom_info_t& oom, uintptr_t stream,
+                         const char* message) noexcept;
 
 /* The process's allocator once created (never freed), else nullptr. */
 GpumemAllocator* instance();

@@ -17,7 +17,9 @@
  *   its cache and retried, so we format torch's message (core_api
  *   format_oom), call the OOM observers with torch's arguments, and throw
  *   c10::OutOfMemoryError, which torch's Python bindings turn into
- *   torch.OutOfMemoryError. No core lock is held while throwing.
+ *   torch.OutOfMemoryError. Before the observers, gpumem's OOM hook runs
+ *   (Note [OOM hook] in gm_torch_module.cpp). No core lock is held while
+ *   the hook, the observers or the throw run.
  * Limitations: CUDA-graph private pools are not supported; the OOM
  *   rejection observers are accepted but never called (gpumem never rejects
  *   an allocation before trying it).
@@ -207,9 +209,16 @@ gm_alloc_t* GpumemAllocator::core(c10::DeviceIndex device) {
   return a;
 }
 
-void GpumemAllocator::throw_oom(int device, const gm_oom_info_t& oom) {
-  char msg[640];
-  g_core->format_oom(device, &oom, msg, sizeof msg);
+void GpumemAllocator::throw_oom(int device, const gm_oom_info_t& oom, cudaStream_t stream) {
+  char buf[640];
+  g_core->format_oom(device, &oom, buf, sizeof buf);
+  std::string msg(buf);
+  /* Before the observers: the snapshot shows the state at the failure. */
+  std::string extra = run_oom_hook(device, oom, reinterpret_cast<uintptr_t>(stream), buf);
+  if (!extra.empty()) {
+    msg += "\n";
+    msg += extra;
+  }
   std::vector<cca::OutOfMemoryObserver> observers;
   {
     std::lock_guard<std::mutex> guard(observers_mu_);
@@ -230,7 +239,7 @@ void* GpumemAllocator::malloc_on(size_t size, c10::DeviceIndex device, cudaStrea
   if (C10_LIKELY(rc == GM_OK))
     return reinterpret_cast<void*>(p);
   if (rc == GM_EOOM)
-    throw_oom(device, oom);
+    throw_oom(device, oom, stream);
   TORCH_CHECK(false, "gpumem: allocating ", size, " bytes on device ", static_cast<int>(device),
               " failed: ", core_error(a, rc));
 }

@@ -1,0 +1,455 @@
+"""``gpumem simulate``: run a training script on the simulated GPU and report its memory.
+
+    gpumem simulate [--memory 80GiB] [--devices N] [--out DIR] -- python train.py ...
+    python -m gpumem.simulate ...                  (the same, without the gpumem command)
+
+The command runs on the simulator (gpumem.sim: PyTorch's own CUDA build over
+fake CUDA libraries, device memory that costs only what is touched) with
+gpumem installed and recording in every Python process of the run, then
+prints the peak memory per device and whether it fits, writes the snapshot
+and the offline viewer page (gpumem view) into DIR, and exits with the
+command's exit status.  Out-of-memory errors write snapshots into DIR too
+(GPUMEM_OOM_SNAPSHOT, unless it is already set).
+
+Note [Setting up the child]
+Rationale: the script must run unchanged (``python train.py``, ``python -m
+  pkg``, torchrun and the workers it starts), and gpumem must be installed
+  before the script's first CUDA tensor.
+Approach: a sitecustomize.py in a temporary directory is put first on
+  PYTHONPATH.  In every Python process it imports nothing heavy: it puts a
+  finder on sys.meta_path that, once ``import torch`` has finished, calls
+  gpumem.install() and starts recording (then chains to the sitecustomize it
+  shadows, if any).  An atexit handler of each process that used CUDA writes
+  its snapshot (snapshot.pickle for the command itself, _rank<N> or _pid<N>
+  for the others) and its statistics, which the parent reads afterwards.
+  Peaks survive torch.cuda.reset_peak_memory_stats(): the wrapper keeps the
+  highest values seen before each reset.
+Limitations: ``python -S``/``-I``/``-E`` skip sitecustomize or PYTHONPATH, so
+  such a process is not recorded; a process killed by a signal or os._exit()
+  writes no snapshot or statistics (OOM snapshots are written at the error);
+  a script may replace the recording settings with its own
+  (gpumem.record(...) clears the history when it starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+__all__ = ["HELP", "LIMITS", "add_arguments", "run", "main"]
+
+HELP = ("run a script on a simulated GPU with gpumem recording: peak memory, whether it fits, "
+        "a snapshot and its viewer page")
+LIMITS = ("limits of the simulation: kernels compute nothing, so there are no numerical results "
+          "(losses, accuracies and printed values are meaningless); shapes that depend on data "
+          "(nonzero, boolean masks, unique, control flow on tensor values) are unreliable; no "
+          "cuDNN (convolutions and batch norm need torch.backends.cudnn.enabled = False); memory "
+          "outside torch's allocator (the CUDA context, NCCL, cudaMalloc by extensions) is not "
+          "counted; peaks are gpumem's allocator's, which rounds and caches like torch's")
+
+_ENV_OUT = "GPUMEM_SIMULATE_OUT"
+_ENV_STATS = "GPUMEM_SIMULATE_STATS"
+_ENV_PARENT = "GPUMEM_SIMULATE_PARENT"
+_ENV_ENTRIES = "GPUMEM_SIMULATE_MAX_ENTRIES"
+
+_SITECUSTOMIZE = '''\
+# Written by `gpumem simulate` (gpumem/simulate.py, Note [Setting up the child]).
+import os as _os, sys as _sys
+try:
+    from gpumem.simulate import _child_setup
+    _child_setup()
+except Exception as _e:
+    _sys.stderr.write("gpumem simulate: cannot record in this process: %s\\n" % (_e,))
+def _chain():
+    import importlib.util
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    for d in _sys.path:
+        p = _os.path.join(d or _os.getcwd(), "sitecustomize.py")
+        if _os.path.abspath(d or _os.getcwd()) != here and _os.path.isfile(p):
+            spec = importlib.util.spec_from_file_location("_gpumem_chained_sitecustomize", p)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            return
+try:
+    _chain()
+except Exception as _e:
+    _sys.stderr.write("gpumem simulate: the shadowed sitecustomize failed: %s\\n" % (_e,))
+'''
+
+
+# --------------------------------------------------------------- the child
+
+class _TorchImportHook:
+    """A one-shot meta path finder: run _activate() once ``import torch`` has finished."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            _activate()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+_peaks: dict[int, dict[str, int]] = {}   # device -> highest peaks seen before resets
+_active_child = False
+
+
+def _child_setup() -> None:
+    """Called by the run's sitecustomize in every Python process."""
+    if not os.environ.get(_ENV_STATS):
+        return
+    if "torch" in sys.modules:
+        _activate()
+    else:
+        sys.meta_path.insert(0, _TorchImportHook())
+
+
+def _activate() -> None:
+    """gpumem.install() and recording, right after torch is imported; never raises."""
+    global _active_child
+    if _active_child:
+        return
+    _active_child = True
+    import atexit
+    try:
+        import gpumem
+        from gpumem import history
+        gpumem.install()
+        entries = int(os.environ.get(_ENV_ENTRIES) or 100_000)
+        history.record_memory_history("all", "all", "python", entries)
+        _wrap_reset_peaks()
+    except Exception as e:  # the script still runs, on torch's allocator
+        sys.stderr.write(f"gpumem simulate: gpumem could not be installed in this process "
+                         f"({type(e).__name__}: {e}); it runs without recording\n")
+        return
+    _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "incomplete": True})
+    atexit.register(_child_finish)
+
+
+def _write_stats(out: dict) -> None:
+    try:
+        target = os.path.join(os.environ[_ENV_STATS], f"{os.getpid()}.json")
+        with open(target + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(out, f)
+        os.replace(target + ".tmp", target)
+    except OSError as e:
+        sys.stderr.write(f"gpumem simulate: cannot write this process's statistics: {e}\n")
+
+
+def _wrap_reset_peaks() -> None:
+    """Keep each device's peaks across resets (every reset goes through shim.reset_peak)."""
+    from gpumem import _torch
+    shim = _torch.shim()
+    original = shim.reset_peak
+
+    def reset_peak(device: int) -> None:
+        _note_peaks()
+        original(device)
+
+    shim.reset_peak = reset_peak
+
+
+def _note_peaks() -> dict[int, dict[str, int]]:
+    from gpumem import _torch
+    shim = _torch.shim()
+    for d in shim.devices():
+        st = shim.stats(d)
+        cur = _peaks.setdefault(d, {"allocated": 0, "reserved": 0})
+        cur["allocated"] = max(cur["allocated"], st.get("allocated_bytes.all.peak", 0))
+        cur["reserved"] = max(cur["reserved"], st.get("reserved_bytes.all.peak", 0))
+        cur["num_ooms"] = st.get("num_ooms", 0)
+        cur["allocated_end"] = st.get("allocated_bytes.all.current", 0)
+        cur["reserved_end"] = st.get("reserved_bytes.all.current", 0)
+    return _peaks
+
+
+def _child_name() -> str:
+    from gpumem.record import current_rank
+    rank = current_rank()
+    if rank is not None:
+        return f"snapshot_rank{rank}.pickle"
+    if str(os.getppid()) == os.environ.get(_ENV_PARENT):
+        return "snapshot.pickle"
+    return f"snapshot_pid{os.getpid()}.pickle"
+
+
+def _child_finish() -> None:
+    """atexit: this process's snapshot and statistics for the parent."""
+    out: dict[str, Any] = {"pid": os.getpid(), "argv": sys.argv[:8], "snapshot": None,
+                           "error": None, "devices": {}, "oom_snapshots": []}
+    try:
+        import torch
+        from gpumem import history
+        from gpumem.record import current_rank, oom_snapshots_written
+        out["rank"] = current_rank()
+        out["oom_snapshots"] = oom_snapshots_written()
+        if torch.cuda.is_initialized():
+            out["devices"] = {str(d): v for d, v in _note_peaks().items()}
+            path = os.path.join(os.environ[_ENV_OUT], _child_name())
+            history.dump_snapshot(path)
+            out["snapshot"] = path
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    _write_stats(out)
+
+
+# -------------------------------------------------------------- the parent
+
+def _fmt(n: Optional[int]) -> str:
+    from gpumem.cli import format_bytes
+    return format_bytes(n)
+
+
+def _fmt_capacity(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return _fmt(n)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``gpumem simulate`` (for cli.COMMANDS)."""
+    p.add_argument("--memory", default="80GiB", metavar="SIZE",
+                   help="memory of each simulated GPU, e.g. 80GiB, 24GiB, 512MiB (default 80GiB)")
+    p.add_argument("--devices", type=int, default=1, metavar="N",
+                   help="number of simulated GPUs (default 1)")
+    p.add_argument("--out", default="gpumem_simulate", metavar="DIR",
+                   help="where the snapshots, viewer pages and summary.json go "
+                        "(default ./gpumem_simulate)")
+    p.add_argument("--max-entries", type=int, default=100_000, metavar="N",
+                   help="allocator events kept per device, newest last (default 100000)")
+    p.add_argument("--no-view", action="store_true", help="do not write the viewer pages")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON (it is also written to DIR/summary.json)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="the command to run, usually: python train.py ARGS")
+
+
+def _error(msg: str) -> int:
+    print(f"gpumem: error: {' '.join(msg.split())}", file=sys.stderr)
+    return 2
+
+
+def _exit_status(rc: int) -> int:
+    return 128 - rc if rc < 0 else rc   # killed by signal N: 128 + N, as shells report it
+
+
+def _read_stats(stats_dir: str) -> list[dict]:
+    procs = []
+    for name in sorted(os.listdir(stats_dir)) if os.path.isdir(stats_dir) else []:
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(stats_dir, name), encoding="utf-8") as f:
+                    procs.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+    procs.sort(key=lambda p: (p.get("snapshot") is None, p.get("rank") or 0, p.get("pid") or 0))
+    return procs
+
+
+def _new_oom_files(out: str, since: float) -> list[str]:
+    found = []
+    for name in os.listdir(out):
+        path = os.path.join(out, name)
+        if name.startswith("oom_") and name.endswith(".pickle"):
+            try:
+                if os.path.getmtime(path) >= since - 1:
+                    found.append(path)
+            except OSError:
+                continue
+    return found
+
+
+def _views(procs: list[dict], oom_files: list[str], out: str) -> dict[str, Any]:
+    """The viewer page of each snapshot, in --out (gpumem view's write_view)."""
+    try:
+        from gpumem.view import default_output, write_view
+    except ImportError as e:
+        return {"error": f"the viewer is not available ({e})"}
+    pages: dict[str, Any] = {}
+    for path in [p["snapshot"] for p in procs if p.get("snapshot")] + oom_files:
+        page = os.path.join(out, os.path.basename(default_output(path)))
+        try:
+            pages[path] = write_view(path, page)["output"]
+        except Exception as e:  # a page that cannot be written is reported, not fatal
+            pages[path] = {"error": f"{type(e).__name__}: {e}"}
+    return pages
+
+
+def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs: list[dict],
+            oom_files: list[str], pages: dict, seconds: float) -> dict[str, Any]:
+    crashed = [p for p in procs if p.get("incomplete")]
+    procs = [p for p in procs if not p.get("incomplete")]
+    rows = []
+    for p in procs:
+        for d, v in sorted((p.get("devices") or {}).items(), key=lambda kv: int(kv[0])):
+            rows.append({"pid": p.get("pid"), "rank": p.get("rank"), "device": int(d),
+                         "peak_allocated": v.get("allocated", 0),
+                         "peak_reserved": v.get("reserved", 0), "num_ooms": v.get("num_ooms", 0),
+                         "allocated_at_exit": v.get("allocated_end", 0),
+                         "reserved_at_exit": v.get("reserved_end", 0)})
+    ooms = sum(r["num_ooms"] for r in rows) or len(oom_files)
+    peak = max((r["peak_reserved"] for r in rows), default=None)
+    if ooms:
+        fits, why = False, f"{ooms} allocation(s) failed with out of memory"
+    elif not rows:
+        fits, why = None, ("no CUDA memory was used" if procs else
+                           "the command never imported torch")
+        if crashed:
+            why = (f"no statistics: {len(crashed)} process(es) using torch did not exit "
+                   "normally (killed, crashed or os._exit)")
+    else:
+        fits = peak <= memory
+        why = f"peak reserved {_fmt(peak)}, {100.0 * peak / memory:.1f}% of the device"
+    return {"command": cmd, "exit_status": rc, "seconds": round(seconds, 3), "memory": memory,
+            "devices": devices, "out": out, "per_device": rows, "fits": fits, "fits_reason": why,
+            "snapshots": [p["snapshot"] for p in procs if p.get("snapshot")],
+            "oom_snapshots": oom_files, "views": pages,
+            "errors": [f"pid {p.get('pid')}: {p['error']}" for p in procs if p.get("error")]
+            + [f"pid {p.get('pid')} ({' '.join(p.get('argv') or [])}) did not exit normally: "
+               "no snapshot or statistics from it" for p in crashed],
+            "limits": LIMITS}
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    lines = [f"gpumem simulate: {shlex.join(r['command'])} exited with status {r['exit_status']} "
+             f"after {r['seconds']:.1f} s on {r['devices']} simulated GPU(s) of "
+             f"{_fmt_capacity(r['memory'])}"]
+    if r["per_device"]:
+        lines.append("peak memory (gpumem's allocator):")
+        multi = len({(row["pid"]) for row in r["per_device"]}) > 1
+        for row in r["per_device"]:
+            who = ""
+            if multi:
+                who = (f"rank {row['rank']} " if row["rank"] is not None else f"pid {row['pid']} ")
+            lines.append(f"  {who}device {row['device']}: allocated {_fmt(row['peak_allocated'])}, "
+                         f"reserved {_fmt(row['peak_reserved'])}"
+                         + (f", {row['num_ooms']} OOM(s)" if row["num_ooms"] else ""))
+    verdict = {True: "yes", False: "no", None: "unknown"}[r["fits"]]
+    lines.append(f"fits in {_fmt_capacity(r['memory'])}: {verdict} ({r['fits_reason']})")
+    for path in r["snapshots"]:
+        lines.append(f"snapshot: {path}")
+        page = r["views"].get(path) if isinstance(r["views"], dict) else None
+        if isinstance(page, str):
+            lines.append(f"viewer:   {page} (works offline; or run: gpumem view {path})")
+        elif isinstance(page, dict):
+            lines.append(f"viewer:   not written ({page['error']})")
+    for path in r["oom_snapshots"]:
+        page = r["views"].get(path) if isinstance(r["views"], dict) else None
+        lines.append(f"OOM snapshot: {path}" + (f" (viewer: {page})" if isinstance(page, str)
+                                                 else ""))
+    if isinstance(r["views"], dict) and "error" in r["views"]:
+        lines.append(f"viewer: not written ({r['views']['error']})")
+    for e in r["errors"]:
+        lines.append(f"error in the run: {e}")
+    lines.append(f"{r['limits']}.")
+    print("\n".join(lines), flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``gpumem simulate`` with parsed arguments; returns the command's exit status."""
+    from gpumem import sim
+    cmd = list(args.cmd)
+    if cmd[:1] == ["--"]:
+        cmd = cmd[1:]
+    if not cmd:
+        return _error("no command given; put it after --, for example: "
+                      "gpumem simulate --memory 80GiB -- python train.py")
+    if args.max_entries < 1:
+        return _error(f"--max-entries must be at least 1, not {args.max_entries}")
+    try:
+        memory = sim.parse_size(args.memory)
+        base = dict(os.environ)
+        env_probe = sim.sim_env(memory=memory, devices=args.devices, base=base)
+    except sim.SimError as e:
+        return _error(str(e))
+    out = os.path.abspath(args.out)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        return _error(f"cannot create --out {out} ({e.strerror})")
+    boot = tempfile.mkdtemp(prefix="gpumem-simulate-")
+    try:
+        with open(os.path.join(boot, "sitecustomize.py"), "w", encoding="utf-8") as f:
+            f.write(_SITECUSTOMIZE)
+        stats_dir = os.path.join(boot, "stats")
+        os.mkdir(stats_dir)
+        env = env_probe
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        paths = [boot] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [pkg_root]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env[_ENV_OUT], env[_ENV_STATS] = out, stats_dir
+        env[_ENV_PARENT], env[_ENV_ENTRIES] = str(os.getpid()), str(args.max_entries)
+        env.setdefault("GPUMEM_OOM_SNAPSHOT", out)
+        if not args.json:
+            print(f"gpumem simulate: running {shlex.join(cmd)} on {args.devices} simulated GPU(s) "
+                  f"of {_fmt_capacity(memory)} (memory behaviour only: kernels compute nothing)",
+                  file=sys.stderr, flush=True)
+        start, wall_start = time.monotonic(), time.time()
+        try:
+            proc = subprocess.Popen(cmd, env=env)
+        except OSError as e:
+            print(f"gpumem: error: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
+            return 127
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:  # the child got the SIGINT too; let it finish its dumps
+            try:
+                rc = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                rc = proc.wait()
+        seconds = time.monotonic() - start
+        rc = _exit_status(rc)
+        procs = _read_stats(stats_dir)
+        oom_files = {f for p in procs for f in p.get("oom_snapshots") or []}
+        if env["GPUMEM_OOM_SNAPSHOT"] == out:   # also those of processes that died after
+            oom_files.update(_new_oom_files(out, wall_start))
+        oom_files = sorted(oom_files)
+        pages = {} if args.no_view else _views(procs, oom_files, out)
+        report = _report(cmd, rc, memory, args.devices, out, procs, oom_files, pages, seconds)
+        try:
+            with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
+                json.dump(report, f, indent=2)
+        except OSError as e:
+            print(f"gpumem simulate: cannot write summary.json: {e.strerror}", file=sys.stderr)
+        if args.json:
+            print(json.dumps(report, indent=2), flush=True)
+        else:
+            _print_report(report)
+        return rc
+    finally:
+        shutil.rmtree(boot, ignore_errors=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m gpumem.simulate ...``: the same as ``gpumem simulate ...``."""
+    p = argparse.ArgumentParser(prog="gpumem simulate", description=HELP)
+    add_arguments(p)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

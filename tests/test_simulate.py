@@ -1,0 +1,96 @@
+"""``gpumem simulate`` (gpumem/simulate.py, run as ``python -m gpumem.simulate``):
+the script runs unchanged on the simulated GPU with gpumem recording, the
+report gives the peaks (kept across reset_peak_memory_stats) and whether the
+run fits, the snapshot, its viewer page and summary.json are written, an
+uncaught OOM leaves its snapshot in --out, and the exit status is the
+script's."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+from gpumem import simulate
+from test_torch_common import _env, built_shim
+
+GiB = 1 << 30
+
+
+def run_simulate(tmp_path, script, *args, expect_rc=0):
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(script))
+    proc = subprocess.run([sys.executable, "-m", "gpumem.simulate", "--out", str(tmp_path / "out"),
+                           *args, "--", sys.executable, str(path)], capture_output=True,
+                          text=True, cwd=tmp_path, env=_env(), timeout=300)
+    assert proc.returncode == expect_rc, (proc.returncode, proc.stdout[-3000:],
+                                          proc.stderr[-5000:])
+    return proc
+
+
+def test_uncaught_oom_does_not_fit_and_leaves_its_snapshot(tmp_path):
+    built_shim()
+    proc = run_simulate(tmp_path, '''
+        import torch
+        a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        torch.cuda.reset_peak_memory_stats()     # the report keeps the peak anyway
+        del a
+        print("peak after reset", torch.cuda.max_memory_allocated())
+        b = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")   # 3 GiB on a 2 GiB GPU
+    ''', "--memory", "2GiB", expect_rc=1)
+    out = tmp_path / "out"
+    assert "torch.OutOfMemoryError" in proc.stderr
+    assert f"gpumem: memory snapshot at this OOM written to {out}" in proc.stderr
+    assert "fits in 2 GiB: no (1 allocation(s) failed with out of memory)" in proc.stdout
+    assert "device 0: allocated 1.00 GiB, reserved 1.00 GiB, 1 OOM(s)" in proc.stdout
+    assert "no numerical results" in proc.stdout and "no cuDNN" in proc.stdout
+    report = json.loads((out / "summary.json").read_text())
+    assert report["exit_status"] == 1 and report["fits"] is False
+    assert report["snapshots"] == [str(out / "snapshot.pickle")]
+    (oom,) = report["oom_snapshots"]
+    assert os.path.dirname(oom) == str(out) and os.path.basename(oom).startswith("oom_")
+    for snap in (oom, str(out / "snapshot.pickle")):
+        with open(snap, "rb") as f:
+            s = pickle.load(f)
+        assert any(e["action"] == "oom" and e["size"] == 3 * GiB for e in s["device_traces"][0])
+        assert report["views"][snap].endswith(".html") and os.path.exists(report["views"][snap])
+    row = report["per_device"][0]
+    assert row["peak_allocated"] == GiB and row["num_ooms"] == 1
+
+
+def test_exit_status_is_the_scripts_and_json_report(tmp_path):
+    built_shim()
+    proc = run_simulate(tmp_path, '''
+        import os, sys, torch
+        x = torch.ones(10, device="cuda")
+        print("leaving without atexit", flush=True)
+        os._exit(3)
+    ''', "--json", "--memory", "24GiB", expect_rc=3)
+    assert proc.stdout.startswith("leaving without atexit\n")
+    report = json.loads(proc.stdout.split("\n", 1)[1])
+    assert report["exit_status"] == 3 and report["memory"] == 24 * GiB
+    assert report["fits"] is None and "did not exit normally" in report["fits_reason"]
+    assert report["snapshots"] == [] and "did not exit normally" in report["errors"][0]
+    no_torch = run_simulate(tmp_path, "import sys; sys.exit(4)", "--json", expect_rc=4)
+    assert json.loads(no_torch.stdout)["fits_reason"] == "the command never imported torch"
+
+
+def test_usage_errors(capsys):
+    assert simulate.main([]) == 2
+    assert "no command given" in capsys.readouterr().err
+    assert simulate.main(["--memory", "lots", "--", "python", "x.py"]) == 2
+    assert "bad memory size 'lots'" in capsys.readouterr().err
+    assert simulate.main(["--max-entries", "0", "--", "python", "x.py"]) == 2
+
+
+def test_module_has_what_cli_needs():
+    import argparse
+    p = argparse.ArgumentParser()
+    simulate.add_arguments(p)
+    args = p.parse_args(["--memory", "8GiB", "--devices", "2", "--", "python", "t.py", "--lr", "1"])
+    assert (args.memory, args.devices) == ("8GiB", 2)
+    assert [a for a in args.cmd if a != "--"] == ["python", "t.py", "--lr", "1"]
+    assert callable(simulate.run) and simulate.HELP
