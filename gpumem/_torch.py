@@ -28,6 +28,7 @@ recording starts (if it is off) so that the snapshot has a history.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -272,6 +273,36 @@ def _apply_patches() -> None:
             _originals[key] = cur
             _replacements[key] = new
             setattr(mod, name, new)
+    _apply_autograd_patches()
+
+
+def _with_backward_context(fn):
+    """fn (torch.autograd.backward or grad), attributing the allocations that
+    autograd's threads make meanwhile to the caller's line (Note [Backward
+    context] in csrc/python/hist_capture.c)."""
+    from gpumem import _C
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        prev = _C._hist_backward_enter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _C._hist_backward_exit(prev)
+
+    return wrapper
+
+
+def _apply_autograd_patches() -> None:
+    import torch.autograd as ag
+    for name in ("backward", "grad"):
+        key = (ag, name)
+        cur = getattr(ag, name)
+        if key in _replacements and cur is _replacements[key]:
+            continue
+        _originals[key] = cur
+        _replacements[key] = _with_backward_context(cur)
+        setattr(ag, name, _replacements[key])
 
 
 def patches_applied() -> bool:

@@ -10,6 +10,7 @@ file costs about half the sum of the runs.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -83,6 +84,16 @@ def test_zero_grad_with_and_without(runs):
     assert live_bytes(without) - live_bytes(with_fix) > 40 * MiB
     assert r_bad["per_device"][0]["peak_allocated"] > r_good["per_device"][0]["peak_allocated"]
     assert r_good["fits"] is True
+    # The leaked gradients are allocated on autograd's threads, which have no
+    # Python frames; gpumem attributes them to the line that ran backward,
+    # so the leak finder names the training loop's `loss.backward()` line.
+    from gpumem import analysis
+    report = analysis.diff(with_fix, without, ("zero_grad", "no_zero_grad"))
+    top = report["grew"][0]
+    assert top["delta_bytes"] > 40 * MiB
+    src = open(os.path.join(str(ROOT), "examples", "zero_grad.py")).read().splitlines()
+    line = next(i + 1 for i, t in enumerate(src) if t.strip() == "loss.backward()")
+    assert top["site"].endswith("zero_grad.py:%d:main" % line), top["site"]
 
 
 def test_loss_history_leak_grows_every_step(runs):

@@ -8,6 +8,21 @@
  *
  * Invariants: ids are dense (1..count); a record never changes after it is
  * published; a key is in its table exactly once.
+ *
+ * Note [Traceback cache]
+ * Rationale: a capture interns the whole stack on every allocation and
+ *   free, and most of them repeat a stack this thread interned moments ago
+ *   (the same loop, the same layer). The locked path costs a mutex round
+ *   trip and a probe that reads each frame through the frames array.
+ * Approach: each traceback record keeps its raw frames inline (compared
+ *   with one memcmp), and each thread keeps a small direct-mapped cache,
+ *   keyed by the traceback hash, of records it interned or found. A hit
+ *   compares the record's immutable inline copy and returns its id without
+ *   taking intern_lock. The cache only ever holds records this thread
+ *   obtained under intern_lock (so it has seen their contents), and records
+ *   are never freed or changed, so reading them unlocked is safe.
+ * Limitations: the cache is per thread (a new thread starts cold), and a
+ *   record costs 16 more bytes per Python frame for the inline copy.
  * Must not: call Python, take another lock while holding intern_lock, or
  * free anything (ids are valid for the life of the process).
  */
@@ -29,7 +44,23 @@ typedef struct tb_rec {
     uint32_t npy, nc;
     uint32_t *fids;
     uintptr_t *c;
+    gm_rawframe_t *raw; /* the npy frames as captured (Note [Traceback cache]) */
 } tb_rec_t;
+
+/* tb_equal compares raw frames with memcmp: no padding may hide in them. */
+_Static_assert(sizeof(gm_rawframe_t) == sizeof(uintptr_t) + 2 * sizeof(int32_t),
+               "gm_rawframe_t must have no padding");
+
+#define TLS_CACHE 16 /* entries per thread, a power of two */
+
+typedef struct tls_entry {
+    uint64_t hash;
+    const tb_rec_t *rec; /* NULL: empty */
+    uint32_t id;
+} tls_entry_t;
+
+/* protected by: being thread-local (Note [Traceback cache]) */
+static _Thread_local tls_entry_t tls_cache[TLS_CACHE];
 
 typedef struct str_rec {
     uint64_t hash;
@@ -182,37 +213,44 @@ int gm_intern_frame(uint32_t fid, gm_rawframe_t *out) {
 
 /* ----------------------------------------------------------- tracebacks */
 
-/* Runs on every capture, so the per-frame step is one multiply-add (a
- * short dependency chain); the avalanche happens once at the end. */
-static uint64_t tb_hash(const gm_rawframe_t *py, uint32_t npy, const uintptr_t *c, uint32_t nc) {
-    const uint64_t k = 0x9e3779b97f4a7c15ULL;
-    uint64_t h = ((uint64_t)npy << 32) | nc;
-    for (uint32_t i = 0; i < npy; i++)
-        h = h * k + ((uint64_t)py[i].code ^ ((uint64_t)(uint32_t)py[i].loc << 40) ^
-                     (uint64_t)(py[i].kind & 1) << 63);
+/* The whole key: the Python frames' running hash (gm_intern_hash_frame,
+ * usually folded in by capture as it walks), then the counts and C
+ * addresses, then one avalanche. */
+static uint64_t tb_hash(uint64_t pyhash, uint32_t npy, const uintptr_t *c, uint32_t nc) {
+    uint64_t h = mix(pyhash, ((uint64_t)npy << 32) | nc);
     for (uint32_t i = 0; i < nc; i++)
-        h = h * k + (uint64_t)c[i];
+        h = h * 0x9e3779b97f4a7c15ULL + (uint64_t)c[i];
     return mix(h, 0x2545f4914f6cdd1dULL);
 }
 
+/* Reads only the record's immutable fields: safe without intern_lock for
+ * a published record (Note [Traceback cache]). */
 static int tb_equal(const tb_rec_t *r, uint64_t h, const gm_rawframe_t *py, uint32_t npy,
                     const uintptr_t *c, uint32_t nc) {
     if (r->hash != h || r->npy != npy || r->nc != nc)
         return 0;
-    for (uint32_t i = 0; i < npy; i++) {
-        const gm_rawframe_t *g = &frames[r->fids[i] - 1];
-        if (g->code != py[i].code || g->loc != py[i].loc || g->kind != py[i].kind)
-            return 0;
-    }
-    return nc == 0 || memcmp(r->c, c, nc * sizeof *c) == 0;
+    return (npy == 0 || memcmp(r->raw, py, npy * sizeof *py) == 0) &&
+           (nc == 0 || memcmp(r->c, c, nc * sizeof *c) == 0);
 }
 
 uint32_t gm_intern_traceback(const gm_rawframe_t *py, uint32_t npy, const uintptr_t *c,
                              uint32_t nc) {
+    uint64_t pyhash = GM_INTERN_HASH_SEED;
+    for (uint32_t i = 0; i < npy; i++)
+        pyhash = gm_intern_hash_frame(pyhash, &py[i]);
+    return gm_intern_traceback_hashed(py, npy, pyhash, c, nc);
+}
+
+uint32_t gm_intern_traceback_hashed(const gm_rawframe_t *py, uint32_t npy, uint64_t pyhash,
+                                    const uintptr_t *c, uint32_t nc) {
     if (npy == 0 && nc == 0)
         return 0;
-    uint64_t h = tb_hash(py, npy, c, nc);
+    uint64_t h = tb_hash(pyhash, npy, c, nc);
+    tls_entry_t *hit = &tls_cache[h & (TLS_CACHE - 1)];
+    if (hit->rec && tb_equal(hit->rec, h, py, npy, c, nc))
+        return hit->id; /* lock-free: Note [Traceback cache] */
     uint32_t result = 0;
+    const tb_rec_t *found = NULL;
     pthread_mutex_lock(&intern_lock);
     if (table_reserve(&tb_tab, n_tbs, tb_hash_of))
         goto out;
@@ -220,21 +258,27 @@ uint32_t gm_intern_traceback(const gm_rawframe_t *py, uint32_t npy, const uintpt
     for (uint32_t id; (id = tb_tab.slots[j]); j = (j + 1) & tb_tab.mask)
         if (tb_equal(tbs[id - 1], h, py, npy, c, nc)) {
             result = id;
+            found = tbs[id - 1];
             goto out;
         }
     /* A new stack: intern its frames, then publish the record. */
     if (grow_ids((void **)&tbs, n_tbs, &cap_tbs, sizeof *tbs))
         goto out;
-    tb_rec_t *r = arena_alloc(sizeof *r + npy * sizeof(uint32_t) + nc * sizeof(uintptr_t) + 16);
+    /* Layout: record, C addresses, raw frames, frame ids (each aligned). */
+    tb_rec_t *r = arena_alloc(sizeof *r + nc * sizeof(uintptr_t) + npy * sizeof(gm_rawframe_t) +
+                              npy * sizeof(uint32_t) + 16);
     if (!r)
         goto out;
     r->hash = h;
     r->npy = npy;
     r->nc = nc;
     r->c = (uintptr_t *)(r + 1);
-    r->fids = (uint32_t *)(r->c + nc);
+    r->raw = (gm_rawframe_t *)(r->c + nc);
+    r->fids = (uint32_t *)(r->raw + npy);
     if (nc)
         memcpy(r->c, c, nc * sizeof *c);
+    if (npy)
+        memcpy(r->raw, py, npy * sizeof *py);
     for (uint32_t i = 0; i < npy; i++)
         if (!(r->fids[i] = frame_id_unlocked(&py[i])))
             goto out; /* the arena bytes are lost; nothing refers to them */
@@ -242,8 +286,14 @@ uint32_t gm_intern_traceback(const gm_rawframe_t *py, uint32_t npy, const uintpt
     tbs[n_tbs++] = r;
     result = (uint32_t)n_tbs;
     tb_tab.slots[j] = result;
+    found = r;
 out:
     pthread_mutex_unlock(&intern_lock);
+    if (found) {
+        hit->hash = h;
+        hit->rec = found;
+        hit->id = result;
+    }
     return result;
 }
 

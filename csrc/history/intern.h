@@ -49,6 +49,18 @@ void gm_intern_set_retain(void (*retain)(uintptr_t code));
  * memory ran out. */
 uint32_t gm_intern_traceback(const gm_rawframe_t *py, uint32_t npy, const uintptr_t *c,
                              uint32_t nc);
+
+/* The same, with the Python frames' hash already computed by folding
+ * gm_intern_hash_frame over py[0..npy) from GM_INTERN_HASH_SEED. Capture
+ * does this while it walks the stack, where the multiply hides behind the
+ * walk's pointer chasing. */
+#define GM_INTERN_HASH_SEED 0x51ed270b9c4f3a11ULL
+static inline uint64_t gm_intern_hash_frame(uint64_t h, const gm_rawframe_t *f) {
+    return h * 0x9e3779b97f4a7c15ULL +
+           ((uint64_t)f->code ^ ((uint64_t)(uint32_t)f->loc << 40) ^ ((uint64_t)(f->kind & 1) << 63));
+}
+uint32_t gm_intern_traceback_hashed(const gm_rawframe_t *py, uint32_t npy, uint64_t pyhash,
+                                    const uintptr_t *c, uint32_t nc);
 /* 0 and a view of the record, or -1 for an unknown id. */
 int gm_intern_tb_view(uint32_t id, gm_tb_view_t *out);
 /* 0 and the frame, or -1 for an unknown id. */

@@ -60,9 +60,13 @@ static int may_take_gil(void) {
 
 /* Walk the current thread's frames, innermost first. The caller holds the
  * GIL. *buf starts as an inline buffer of *cap entries; it is replaced by a
- * heap one if the stack is deeper. Returns the number of frames. */
-static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inline_buf) {
+ * heap one if the stack is deeper. Returns the number of frames, and their
+ * interning hash in *hash (folded in here, where the walk's pointer chasing
+ * leaves the multiplier idle). */
+static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inline_buf,
+                            uint64_t *hash) {
     uint32_t n = 0;
+    uint64_t h = GM_INTERN_HASH_SEED;
     PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
     Py_XINCREF(f);
     while (f) {
@@ -90,6 +94,7 @@ static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inl
         r->loc = PyFrame_GetLineNumber(f);
         r->kind = GM_LOC_LINE;
 #endif
+        h = gm_intern_hash_frame(h, r);
         /* The executing frame keeps its code alive for the whole walk, and
          * the intern table takes its own reference when it keeps one. */
         Py_DECREF(co);
@@ -97,8 +102,21 @@ static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inl
         Py_DECREF(f);
         f = back;
     }
+    *hash = h;
     return n;
 }
+
+/* Note [Backward context]
+ * Rationale: autograd runs backward on torch's own device threads, which
+ *   have no Python frames, so gradients would carry no stack at all and a
+ *   leak of gradients (a missing zero_grad) could name no line.
+ * Approach: while a Python call into torch.autograd.backward/grad is running
+ *   (gpumem wraps them when it patches torch), its stack is stored here and
+ *   a capture that finds no frames of its own uses it instead: the
+ *   gradient is attributed to the user's `loss.backward()` line.
+ * Limitations: one process-wide slot; concurrent backward calls from several
+ *   Python threads attribute to the most recent caller. */
+static _Atomic uint32_t backward_ctx;
 
 uint32_t gm_hist_capture(int level) {
     if (level <= GM_HIST_CTX_NEVER || gm_hist_context_level() < level)
@@ -125,13 +143,16 @@ uint32_t gm_hist_capture(int level) {
         gm_rawframe_t inline_buf[PY_STACK_INLINE];
         gm_rawframe_t *py = inline_buf;
         size_t cap = PY_STACK_INLINE;
-        uint32_t npy = walk_frames(&py, &cap, inline_buf);
+        uint64_t pyhash;
+        uint32_t npy = walk_frames(&py, &cap, inline_buf, &pyhash);
         /* Interned with the GIL held: new code objects get retained. */
-        id = gm_intern_traceback(py, npy, cbuf, nc);
+        uint32_t fallback = npy == 0 && nc == 0 ? atomic_load(&backward_ctx) : 0;
+        id = fallback ? fallback : gm_intern_traceback_hashed(py, npy, pyhash, cbuf, nc);
         if (py != inline_buf)
             free(py);
     } else {
-        id = gm_intern_traceback(NULL, 0, cbuf, nc);
+        uint32_t fallback = nc == 0 ? atomic_load(&backward_ctx) : 0;
+        id = fallback ? fallback : gm_intern_traceback(NULL, 0, cbuf, nc);
     }
     if (ensured)
         PyGILState_Release(gs);
@@ -295,7 +316,25 @@ static PyObject *py_capture_in_c_thread(PyObject *self, PyObject *args) {
     return Py_BuildValue("(kO)", (unsigned long)t.id, blocked ? Py_True : Py_False);
 }
 
+static PyObject *py_backward_enter(PyObject *self, PyObject *unused) {
+    uint32_t id = gm_hist_capture(GM_HIST_CTX_STATE);
+    return PyLong_FromUnsignedLong(atomic_exchange(&backward_ctx, id));
+}
+
+static PyObject *py_backward_exit(PyObject *self, PyObject *arg) {
+    unsigned long prev = PyLong_AsUnsignedLong(arg);
+    if (prev == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    atomic_store(&backward_ctx, (uint32_t)prev);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef capture_methods[] = {
+    {"_hist_backward_enter", py_backward_enter, METH_NOARGS,
+     "_hist_backward_enter() -> previous: the caller's stack becomes the context of "
+     "allocations made on threads with no Python frames (autograd's), until "
+     "_hist_backward_exit(previous). See Note [Backward context]."},
+    {"_hist_backward_exit", py_backward_exit, METH_O, "_hist_backward_exit(previous)"},
     {"_hist_c_thread_alloc", (PyCFunction)(void (*)(void))py_c_thread_alloc,
      METH_VARARGS | METH_KEYWORDS,
      "_hist_c_thread_alloc(allocator, size, n, keep=0, stream=0, timeout_s=10, hold_gil=True)"
