@@ -1,165 +1,210 @@
-"""Memory history costs: recording overhead per allocation, snapshot dump time and size.
+"""Memory history costs, torch's native recorder and gpumem's side by side.
 
-    python benchmarks/history_overhead.py [--json] [--depth 30] [--events 100000]
+    python benchmarks/history_overhead.py [--json] [--processes 1] [--repeats 7]
+                                          [--depth 30] [--iters 20000] [--events 100000]
 
-record_overhead_us_per_alloc: extra time of one malloc+free pair with
-recording on (context='all', stacks='python': both the malloc and the free
-capture a stack) over the same pair with recording off, called from Python
-at a stack depth of about --depth frames. gpumem drives _C.Allocator on the
-simulated device.
+Every configuration runs in its own process under gpumem.sim (torch's
+CUDA build over the fake CUDA libraries): "torch" is torch's caching
+allocator with torch.cuda.memory._record_memory_history(context='all',
+stacks='python'); "gpumem" is the same script after gpumem.install(), where
+that same call (patched by gpumem) turns on gpumem's recorder.
 
-snapshot_dump_s / snapshot_bytes: dump_snapshot() of a history holding
---events trace entries (each with a stack of about --depth frames), and the
-size of the file written.
+record_overhead_us_per_alloc: the extra time of one allocation (a
+    torch.empty + del pair, sizes cycling through 512 B ... 16 MiB, all
+    cached) with recording on over the same pair with recording off. The
+    loop runs at the bottom of a --depth deep Python recursion, so every
+    captured stack has depth + 3 frames (33); with context='all' both the
+    allocation and the free capture one. Off and on runs alternate; each
+    figure is the median over --repeats runs (after one warm-up round),
+    and the overhead is the difference of the medians.
+    Breakdown, measured in the same rounds: overhead_events_only_us
+    (context=None: the three trace entries of a pair, no stack) and
+    overhead_alloc_stack_us (context='state': plus the allocation's stack).
+snapshot_dump_s / snapshot_bytes: torch.cuda.memory._dump_snapshot() of a
+    history holding --events trace entries (max_entries=--events, filled
+    past the bound by a workload with several call sites at the same depth
+    and a sliding window of live tensors), and the size of the file. The
+    time is the median of --repeats dumps of the same history;
+    first_dump_s is the first of them (torch symbolizes its frames then).
 
-The torch columns run torch's native recorder with the same loop on
-torch.cuda tensors; they need a CUDA device (a real one or the fake CUDA
-runtime) and are reported as unavailable otherwise. Targets (issue 6):
-gpumem overhead <= 0.33 x torch's, dump time <= 0.5 x torch's, file size
-<= torch's.
+With --processes N each configuration runs N times (alternately) and the
+figures are medians over processes. Targets (issue 6): gpumem's overhead
+<= 0.33 x torch's, dump time <= 0.5 x torch's, file size <= torch's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import statistics
 import sys
-import tempfile
-import time
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpumem import _C, history  # noqa: E402
+from gpumem import sim  # noqa: E402
 
+SNIPPET = r'''
+import json, os, pickle, statistics, sys, tempfile, time
+import torch
+which, depth, iters, events, repeats = sys.argv[1], *map(int, sys.argv[2:6])
+if which == "gpumem":
+    import gpumem
+    gpumem.install()
+mem = torch.cuda.memory
+if which == "gpumem":
+    assert mem._record_memory_history is gpumem._record_memory_history
 
-def at_depth(depth: int, fn):
-    """Call fn() with about `depth` extra Python frames below this one."""
-    def down(n):
-        return fn() if n <= 0 else down(n - 1)
-    return down(depth)
+def at_depth(n, fn):
+    """fn() called n Python frames below this one."""
+    return fn() if n <= 0 else at_depth(n - 1, fn)
 
+SIZES = [512, 4 << 10, 64 << 10, 1 << 20, 3 << 20, 16 << 20]
+seq = [SIZES[i % len(SIZES)] for i in range(iters)]
 
-def best_of(repeats: int, fn) -> float:
-    return min(fn() for _ in range(repeats))
+def pairs():
+    t0 = time.perf_counter()
+    for n in seq:
+        t = torch.empty(n, dtype=torch.uint8, device="cuda")
+        del t
+    return (time.perf_counter() - t0) / iters * 1e6
 
-
-def pair_loop(malloc, free, n: int):
-    def run() -> float:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            free(malloc())
-        return (time.perf_counter() - t0) / n
-    return run
-
-
-def gpumem_overhead(depth: int, n: int = 100_000) -> dict:
-    a = _C.Allocator()
-    run = pair_loop(lambda: a.malloc(4096), a.free, n)
-    history.record_memory_history(None)
-    off = best_of(5, lambda: at_depth(depth, run))
-    history.record_memory_history("all", context="all", stacks="python")
-    on = best_of(5, lambda: at_depth(depth, run))
-    history.record_memory_history(None)
-    return {"off_us": off * 1e6, "on_us": on * 1e6, "overhead_us": (on - off) * 1e6}
-
-
-def gpumem_dump(depth: int, events: int) -> dict:
-    a = _C.Allocator()
-    history.record_memory_history("all", context="all", stacks="python", max_entries=events)
-
-    def fill():
-        live = []
-        for i in range(events // 3 + 100):  # ~3 events per alloc+free
-            live.append(a.malloc(512 * (1 + i % 64)))
-            if len(live) > 64:
-                a.free(live.pop(0))
-    at_depth(depth, fill)
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "snap.pickle")
-        t0 = time.perf_counter()
-        history.dump_snapshot(path)
-        dt = time.perf_counter() - t0
-        size = os.path.getsize(path)
-    n = len(history.snapshot()["device_traces"][0])
-    held = history.history_overhead_bytes()
-    history.record_memory_history(None)
-    return {"dump_s": dt, "bytes": size, "events": n, "overhead_bytes": held}
-
-
-def torch_side(depth: int, events: int, n: int = 20_000) -> dict:
-    try:
-        import torch
-    except ImportError as e:
-        return {"unavailable": f"torch not importable ({e})"}
-    if not torch.cuda.is_available():
-        return {"unavailable": "torch.cuda is not available (no GPU and no fake CUDA runtime)"}
-    mem = torch.cuda.memory
-    run = pair_loop(lambda: torch.empty(1024, device="cuda"), lambda t: None, n)
+def record(context, max_entries=events):
+    """context: False (recording off), or torch's context= value."""
     mem._record_memory_history(None)
-    off = best_of(3, lambda: at_depth(depth, run))
-    mem._record_memory_history("all", context="all", stacks="python")
-    on = best_of(3, lambda: at_depth(depth, run))
-    mem._record_memory_history(None)
-    mem._record_memory_history("all", context="all", stacks="python", max_entries=events)
+    if context is not False:
+        mem._record_memory_history("all", context=context, stacks="python",
+                                   max_entries=max_entries)
 
-    def fill():
-        live = []
-        for i in range(events // 3 + 100):
-            live.append(torch.empty(128 * (1 + i % 64), device="cuda"))
-            if len(live) > 64:
-                live.pop(0)
-    at_depth(depth, fill)
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "snap.pickle")
-        t0 = time.perf_counter()
-        mem._dump_snapshot(path)
-        dt = time.perf_counter() - t0
-        size = os.path.getsize(path)
-    mem._record_memory_history(None)
-    return {"overhead_us": (on - off) * 1e6, "dump_s": dt, "bytes": size}
+for n in SIZES:                        # every size cached once
+    t = torch.empty(n, dtype=torch.uint8, device="cuda")
+    del t
+torch.cuda.synchronize()
+# Off and the three levels alternate; round 0 warms every mode up.
+# None records the events only; 'state' adds the allocation's stack; 'all'
+# (the figure) also captures the stack of every free.
+MODES = {"off": False, "events_only": None, "alloc_stack": "state", "all": "all"}
+runs = {m: [] for m in MODES}
+for r in range(repeats + 1):
+    for m, context in MODES.items():
+        record(context)
+        v = at_depth(depth, pairs)
+        if r:
+            runs[m].append(v)
+record(False)
+off, on = runs["off"], runs["all"]
+breakdown = {m: statistics.median(runs[m]) - statistics.median(off)
+             for m in ("events_only", "alloc_stack")}
+
+# --- a history of `events` entries, then dumps of it
+def layer_a(live, i):
+    live.append(torch.empty(SIZES[i % 6] + 128 * (i % 7), dtype=torch.uint8, device="cuda"))
+
+def layer_b(live, i):
+    live.append(torch.empty((1 + i % 5) * 3000, dtype=torch.float32, device="cuda"))
+
+def layer_c(live, i):
+    x = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
+    live.append(x)
+
+def drop(live):
+    del live[0]
+
+def fill():
+    live = []
+    for i in range(events // 3 + 2000):   # ~3 events per allocation and free
+        (layer_a, layer_b, layer_c)[i % 3](live, i)
+        if len(live) > 48:
+            drop(live)
+    return live
+
+record("all")
+keep = at_depth(depth, fill)
+torch.cuda.synchronize()
+d = tempfile.mkdtemp(prefix="hist_bench_")
+path = os.path.join(d, "snap.pickle")
+dumps = []
+for r in range(repeats):
+    t0 = time.perf_counter()
+    mem._dump_snapshot(path)
+    dumps.append(time.perf_counter() - t0)
+size = os.path.getsize(path)
+with open(path, "rb") as f:
+    snap = pickle.load(f)
+n_events = len(snap["device_traces"][0])
+n_frames = sum(1 for e in snap["device_traces"][0] for _ in e.get("frames", ()))
+os.unlink(path)
+os.rmdir(d)
+record(False)
+print(json.dumps({
+    "off_us": statistics.median(off), "on_us": statistics.median(on),
+    "record_overhead_us_per_alloc": statistics.median(on) - statistics.median(off),
+    "off_runs_us": off, "on_runs_us": on,
+    "overhead_events_only_us": breakdown["events_only"],
+    "overhead_alloc_stack_us": breakdown["alloc_stack"],
+    "snapshot_dump_s": statistics.median(dumps), "dump_runs_s": dumps,
+    "first_dump_s": dumps[0],
+    "snapshot_bytes": size, "snapshot_events": n_events,
+    "frames_per_event": n_frames / max(n_events, 1)}))
+sys.stdout.flush()
+os._exit(0)   # skip interpreter teardown
+'''
+
+METRICS = ("record_overhead_us_per_alloc", "snapshot_dump_s", "snapshot_bytes")
+TARGETS = {"record_overhead_us_per_alloc": 0.33, "snapshot_dump_s": 0.5, "snapshot_bytes": 1.0}
+
+
+def run_one(which: str, args) -> dict:
+    rc, out, err = sim.run_snippet(
+        textwrap.dedent(SNIPPET),
+        args=[which, str(args.depth), str(args.iters), str(args.events), str(args.repeats)],
+        timeout=900)
+    if rc != 0:
+        raise SystemExit(f"{which} run failed (exit {rc}):\n{err[-4000:]}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--depth", type=int, default=30)
-    p.add_argument("--events", type=int, default=100_000)
-    p.add_argument("--no-torch", action="store_true")
-    args = p.parse_args(argv)
-    ov = gpumem_overhead(args.depth)
-    dump = gpumem_dump(args.depth, args.events)
-    result = {
-        "record_overhead_us_per_alloc": ov["overhead_us"],
-        "alloc_free_pair_us_off": ov["off_us"],
-        "snapshot_dump_s": dump["dump_s"],
-        "snapshot_bytes": dump["bytes"],
-        "snapshot_events": dump["events"],
-        "history_overhead_bytes": dump["overhead_bytes"],
-        "torch": {"unavailable": "skipped"} if args.no_torch else torch_side(args.depth,
-                                                                               args.events),
-    }
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--processes", type=int, default=1, help="processes per configuration")
+    ap.add_argument("--repeats", type=int, default=7, help="timed runs per process")
+    ap.add_argument("--depth", type=int, default=30, help="Python frames below the loop")
+    ap.add_argument("--iters", type=int, default=20000, help="allocations per timed run")
+    ap.add_argument("--events", type=int, default=100_000, help="trace entries dumped")
+    args = ap.parse_args(argv)
+    # Build the shim and the fake libraries before anything is timed.
+    from gpumem import _shim_build
+    _shim_build.build()
+    sim.lib_dir()
+    runs: dict = {"torch": [], "gpumem": []}
+    for _ in range(args.processes):
+        for which in runs:
+            runs[which].append(run_one(which, args))
+    result: dict = {"device": "simulated GPU (gpumem.sim)", "depth": args.depth,
+                    "iters": args.iters, "events": args.events, "repeats": args.repeats,
+                    "processes": args.processes}
+    for m in METRICS + ("first_dump_s", "off_us", "on_us", "overhead_events_only_us",
+                        "overhead_alloc_stack_us", "snapshot_events", "frames_per_event"):
+        t = statistics.median(r[m] for r in runs["torch"])
+        g = statistics.median(r[m] for r in runs["gpumem"])
+        entry = {"torch": t, "gpumem": g, "ratio": g / t if t else None}
+        if m in TARGETS:
+            entry["target_ratio"] = TARGETS[m]
+            entry["met"] = entry["ratio"] is not None and entry["ratio"] <= TARGETS[m]
+        result[m] = entry
+    result["runs"] = runs
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=1))
         return 0
-    print(f"record_overhead_us_per_alloc  {result['record_overhead_us_per_alloc']:.3f} us "
-          f"(pair with recording off: {result['alloc_free_pair_us_off']:.3f} us, "
-          f"depth {args.depth})")
-    print(f"snapshot_dump_s               {result['snapshot_dump_s']:.3f} s "
-          f"({result['snapshot_events']} events)")
-    print(f"snapshot_bytes                {result['snapshot_bytes']}")
-    print(f"history_overhead_bytes        {result['history_overhead_bytes']}")
-    t = result["torch"]
-    if "unavailable" in t:
-        print(f"torch                         unavailable: {t['unavailable']}")
-    else:
-        print(f"torch overhead / dump / bytes  {t['overhead_us']:.3f} us  {t['dump_s']:.3f} s  "
-              f"{t['bytes']}")
-        print(f"ratios (gpumem / torch)        overhead {ov['overhead_us'] / t['overhead_us']:.2f}"
-              f"  dump {dump['dump_s'] / t['dump_s']:.2f}  bytes "
-              f"{dump['bytes'] / t['bytes']:.2f}")
+    print(f"{'figure':<30}{'torch':>14}{'gpumem':>14}{'ratio':>8}{'target':>8}")
+    for m in METRICS + ("first_dump_s", "off_us", "on_us", "overhead_events_only_us",
+                        "overhead_alloc_stack_us", "snapshot_events"):
+        r = result[m]
+        target = f"<={r['target_ratio']}" if "target_ratio" in r else ""
+        print(f"{m:<30}{r['torch']:>14.4g}{r['gpumem']:>14.4g}{r['ratio']:>8.3f}{target:>8}")
     return 0
 
 
