@@ -1,19 +1,20 @@
 """gpumem: a GPU memory allocator and memory profiler for PyTorch.
 
-The allocator core is C (gpumem._C). This package exposes it on a simulated
-device today: `Allocator` runs the core without a GPU, and
-`python -m gpumem replay SNAPSHOT.pickle` replays a PyTorch memory snapshot
-through it. `record_memory_history()` / `snapshot()` / `dump_snapshot()`
-record allocator events with their Python stacks and write snapshots that
-PyTorch's memory_viz opens (gpumem.history); ``with gpumem.record(path):``
-wraps a block of a training script, and writes a snapshot when it ends or
-when an allocation fails with out of memory (gpumem.record).
+With PyTorch, `gpumem.install()` (before the first CUDA tensor) makes
+gpumem's C allocator torch's CUDA allocator; `gpumem.memory_stats()`,
+`memory_summary()` and the other torch.cuda-style functions (gpumem.stats)
+report it, and torch's own names are routed to them (gpumem._torch).
 
-With PyTorch, `gpumem.install()` (before the first CUDA tensor) makes gpumem
-torch's CUDA allocator; `gpumem.memory_stats()`, `memory_summary()` and the
-other torch.cuda-style functions (gpumem.stats) then report it, and torch's
-own names are routed to them (gpumem._torch). Importing gpumem never imports
-torch.
+`record_memory_history()` / `snapshot()` / `dump_snapshot()` record
+allocator events with their Python stacks and write snapshots that PyTorch's
+memory_viz opens (gpumem.history); ``with gpumem.record(path):`` wraps a
+block of a training script and writes a snapshot when it ends or when an
+allocation fails with out of memory (gpumem.record).
+
+`Allocator` runs the core on a simulated device (or the CUDA driver) without
+torch; the `gpumem` command views, summarises, diffs and replays snapshots
+and runs scripts on a simulated GPU (gpumem.cli). Importing gpumem never
+imports torch.
 """
 
 from gpumem._C import Allocator, OutOfMemoryError, format_size
