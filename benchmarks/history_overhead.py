@@ -20,6 +20,16 @@ record_overhead_us_per_alloc: the extra time of one allocation (a
     Breakdown, measured in the same rounds: overhead_events_only_us
     (context=None: the three trace entries of a pair, no stack) and
     overhead_alloc_stack_us (context='state': plus the allocation's stack).
+capture_us_at_depth / capture_ns_per_frame: one stack capture on its own,
+    called from Python with the GIL held at the bottom of 0 and --depth
+    frames: torch's gather_traceback (what its recorder calls per event)
+    or gpumem's _C._hist_capture, minus the same call returning at once.
+    gpumem's process also times the floor under its capture:
+    api_walk_us_at_depth (_C._hist_walk_only: the public frame-API calls
+    of a walk and nothing else), gil_round_trip_us (PyGILState_Ensure +
+    Release, paid per capture because torch releases the GIL around both
+    the allocation and the free) and floor_us_per_alloc = 2 x (walk +
+    GIL round trip).
 snapshot_dump_s / snapshot_bytes: torch.cuda.memory._dump_snapshot() of a
     history holding --events trace entries (max_entries=--events, filled
     past the bound by a workload with several call sites at the same depth
@@ -47,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 from gpumem import sim  # noqa: E402
 
 SNIPPET = r'''
-import json, os, pickle, statistics, sys, tempfile, time
+import functools, json, os, pickle, statistics, sys, tempfile, time
 import torch
 which, depth, iters, events, repeats = sys.argv[1], *map(int, sys.argv[2:6])
 if which == "gpumem":
@@ -98,6 +108,55 @@ off, on = runs["off"], runs["all"]
 breakdown = {m: statistics.median(runs[m]) - statistics.median(off)
              for m in ("events_only", "alloc_stack")}
 
+# --- one stack capture on its own, called from Python (GIL held, no
+# allocation, no trace entry), at the bottom of 0 and `depth` frames: torch's
+# gather (the call its recorder makes per event) or gpumem's capture, minus
+# the same call when it returns at once. gpumem's process also times one
+# GIL round trip through PyGILState_Ensure/Release, which a capture pays when
+# torch has released the GIL around the allocation.
+CALLS = 100_000
+
+def per_call(fn, *args):
+    """us per call of fn(*args); functools.partial adds no Python frame."""
+    call = functools.partial(fn, *args)
+    t0 = time.perf_counter()
+    for _ in range(CALLS):
+        call()
+    return (time.perf_counter() - t0) / CALLS * 1e6
+
+if which == "gpumem":
+    from gpumem import _C
+    def capture_costs():
+        cap, noop = per_call(_C._hist_capture, 3), per_call(_C._hist_capture, 0)
+        cap_ng = per_call(_C._hist_capture_without_gil, 3)
+        noop_ng = per_call(_C._hist_capture_without_gil, 0)
+        # The bare public-API walk of this stack, CALLS walks in one call.
+        t0 = time.perf_counter()
+        _C._hist_walk_only(CALLS)
+        walk = (time.perf_counter() - t0) / CALLS * 1e6
+        return cap - noop, (cap_ng - noop_ng) - (cap - noop), walk
+else:
+    gather = torch._C._profiler.gather_traceback
+    def capture_costs():
+        full = per_call(gather, True, False, False)
+        empty = per_call(gather, False, False, False)
+        return full - empty, 0.0, 0.0
+
+record("all")
+cap_runs = {0: [], depth: []}
+walk_runs = {0: [], depth: []}
+gil_runs = []
+for r in range(repeats):
+    for d in cap_runs:
+        c, g, w = at_depth(d, capture_costs)
+        cap_runs[d].append(c)
+        walk_runs[d].append(w)
+        gil_runs.append(g)
+record(False)
+cap0, capd = (statistics.median(cap_runs[d]) for d in (0, depth))
+walk0, walkd = (statistics.median(walk_runs[d]) for d in (0, depth))
+gil = statistics.median(gil_runs)
+
 # --- a history of `events` entries, then dumps of it
 def layer_a(live, i):
     live.append(torch.empty(SIZES[i % 6] + 128 * (i % 7), dtype=torch.uint8, device="cuda"))
@@ -144,6 +203,14 @@ print(json.dumps({
     "off_runs_us": off, "on_runs_us": on,
     "overhead_events_only_us": breakdown["events_only"],
     "overhead_alloc_stack_us": breakdown["alloc_stack"],
+    "capture_us_at_depth": capd, "capture_us_at_depth0": cap0,
+    "capture_ns_per_frame": (capd - cap0) / depth * 1e3 if depth else None,
+    "gil_round_trip_us": gil,
+    "api_walk_us_at_depth": walkd,
+    "api_walk_ns_per_frame": (walkd - walk0) / depth * 1e3 if depth else None,
+    # What a pair cannot go below: two walks of the stack through the public
+    # API and two GIL round trips (torch releases the GIL around both).
+    "floor_us_per_alloc": 2 * (walkd + gil),
     "snapshot_dump_s": statistics.median(dumps), "dump_runs_s": dumps,
     "first_dump_s": dumps[0],
     "snapshot_bytes": size, "snapshot_events": n_events,
@@ -187,10 +254,13 @@ def main(argv=None) -> int:
                     "iters": args.iters, "events": args.events, "repeats": args.repeats,
                     "processes": args.processes}
     for m in METRICS + ("first_dump_s", "off_us", "on_us", "overhead_events_only_us",
-                        "overhead_alloc_stack_us", "snapshot_events", "frames_per_event"):
+                        "overhead_alloc_stack_us", "capture_us_at_depth", "capture_us_at_depth0",
+                        "capture_ns_per_frame", "gil_round_trip_us", "api_walk_us_at_depth",
+                        "api_walk_ns_per_frame", "floor_us_per_alloc", "snapshot_events",
+                        "frames_per_event"):
         t = statistics.median(r[m] for r in runs["torch"])
         g = statistics.median(r[m] for r in runs["gpumem"])
-        entry = {"torch": t, "gpumem": g, "ratio": g / t if t else None}
+        entry = {"torch": t, "gpumem": g, "ratio": g / t if t and t > 0 else None}
         if m in TARGETS:
             entry["target_ratio"] = TARGETS[m]
             entry["met"] = entry["ratio"] is not None and entry["ratio"] <= TARGETS[m]
@@ -201,10 +271,13 @@ def main(argv=None) -> int:
         return 0
     print(f"{'figure':<30}{'torch':>14}{'gpumem':>14}{'ratio':>8}{'target':>8}")
     for m in METRICS + ("first_dump_s", "off_us", "on_us", "overhead_events_only_us",
-                        "overhead_alloc_stack_us", "snapshot_events"):
+                        "overhead_alloc_stack_us", "capture_us_at_depth", "capture_ns_per_frame",
+                        "gil_round_trip_us", "api_walk_us_at_depth", "floor_us_per_alloc",
+                        "snapshot_events"):
         r = result[m]
         target = f"<={r['target_ratio']}" if "target_ratio" in r else ""
-        print(f"{m:<30}{r['torch']:>14.4g}{r['gpumem']:>14.4g}{r['ratio']:>8.3f}{target:>8}")
+        ratio = f"{r['ratio']:>8.3f}" if r["ratio"] is not None else f"{'':>8}"
+        print(f"{m:<30}{r['torch']:>14.4g}{r['gpumem']:>14.4g}{ratio}{target:>8}")
     return 0
 
 

@@ -316,6 +316,35 @@ static PyObject *py_capture_in_c_thread(PyObject *self, PyObject *args) {
     return Py_BuildValue("(kO)", (unsigned long)t.id, blocked ? Py_True : Py_False);
 }
 
+/* _C._hist_walk_only(n) -> None: walk the caller's frames n times with
+ * exactly the public calls walk_frames makes and nothing else (no buffer,
+ * no hash, no interning): the floor a capture of this stack cannot go
+ * below. For benchmarks/history_overhead.py. */
+static PyObject *py_walk_only(PyObject *self, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    volatile uintptr_t sink = 0;
+    for (long i = 0; i < n; i++) {
+        PyFrameObject *f = PyEval_GetFrame();
+        Py_XINCREF(f);
+        while (f) {
+            PyCodeObject *co = PyFrame_GetCode(f);
+#if PY_VERSION_HEX >= 0x030B0000
+            sink += (uintptr_t)co + (uintptr_t)PyFrame_GetLasti(f);
+#else
+            sink += (uintptr_t)co + (uintptr_t)PyFrame_GetLineNumber(f);
+#endif
+            Py_DECREF(co);
+            PyFrameObject *back = PyFrame_GetBack(f);
+            Py_DECREF(f);
+            f = back;
+        }
+    }
+    (void)sink;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_backward_enter(PyObject *self, PyObject *unused) {
     uint32_t id = gm_hist_capture(GM_HIST_CTX_STATE);
     return PyLong_FromUnsignedLong(atomic_exchange(&backward_ctx, id));
@@ -343,6 +372,9 @@ static PyMethodDef capture_methods[] = {
      "_hist_capture(level) -> traceback id of the caller's stack (0 when not recorded)"},
     {"_hist_capture_without_gil", py_capture_without_gil, METH_O,
      "_hist_capture_without_gil(level) -> id, captured with the GIL released first"},
+    {"_hist_walk_only", py_walk_only, METH_O,
+     "_hist_walk_only(n): walk the caller's frames n times through the public frame API "
+     "and record nothing (the floor of a capture, for benchmarks)"},
     {"_hist_capture_in_c_thread", py_capture_in_c_thread, METH_VARARGS,
      "_hist_capture_in_c_thread(level, timeout_s=5) -> (id, blocked): capture on a thread "
      "with no Python thread state while the caller holds the GIL"},
