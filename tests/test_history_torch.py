@@ -350,11 +350,17 @@ def test_training_snapshot_names_the_script_lines(recorded):
     assert all(any(f["line"] == 0 and f["filename"] != script for f in e["frames"])
                for e in steps), "stacks='all' should add C frames"
     # Backward's allocations come from autograd's device thread: no metadata
-    # (it is per thread); with stacks='all' they carry that thread's C frames.
+    # (it is per thread); with stacks='all' they carry that thread's C frames,
+    # innermost, then the Python frames of the line that ran backward
+    # (Note [Backward context]).
     backward = [e for e in allocs if e["user_metadata"] == "" and
                 events.index(e) > events.index(steps[0])]
     assert backward, "no allocation from autograd's thread"
-    assert all(any(f["line"] == 0 for f in e.get("frames", [])) for e in backward)
+    for e in backward:
+        frames = e.get("frames", [])
+        assert frames and frames[0]["line"] == 0, frames[:1]
+        assert any(f["name"] == "train_step" for f in frames), \
+            [f["name"] for f in frames if f["line"]]
 
 
 def test_direct_allocations_are_recorded_with_streams(recorded):

@@ -311,6 +311,18 @@ int gm_intern_tb_view(uint32_t id, gm_tb_view_t *out) {
     return ok ? 0 : -1;
 }
 
+uint32_t gm_intern_tb_pyframes(uint32_t id, const gm_rawframe_t **raw) {
+    uint32_t npy = 0;
+    *raw = NULL;
+    pthread_mutex_lock(&intern_lock);
+    if (id >= 1 && id <= n_tbs) {
+        *raw = tbs[id - 1]->raw;
+        npy = tbs[id - 1]->npy;
+    }
+    pthread_mutex_unlock(&intern_lock);
+    return npy;
+}
+
 /* -------------------------------------------------------------- strings */
 
 static uint64_t bytes_hash(const char *s, size_t len) {

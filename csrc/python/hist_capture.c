@@ -114,9 +114,24 @@ static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inl
  *   (gpumem wraps them when it patches torch), its stack is stored here and
  *   a capture that finds no frames of its own uses it instead: the
  *   gradient is attributed to the user's `loss.backward()` line.
+ *   With stacks='all' such a thread has C frames of its own: they are kept,
+ *   innermost, and the backward caller's Python frames follow them.
  * Limitations: one process-wide slot; concurrent backward calls from several
  *   Python threads attribute to the most recent caller. */
 static _Atomic uint32_t backward_ctx;
+
+/* The id for a capture that found no Python frames of its own: its C
+ * frames (nc may be 0) under the backward context, if one is set. */
+static uint32_t without_python_frames(const uintptr_t *c, uint32_t nc) {
+    uint32_t ctx = atomic_load(&backward_ctx);
+    if (!ctx)
+        return gm_intern_traceback(NULL, 0, c, nc);
+    if (nc == 0)
+        return ctx;
+    const gm_rawframe_t *raw;
+    uint32_t npy = gm_intern_tb_pyframes(ctx, &raw);
+    return gm_intern_traceback(raw, npy, c, nc);
+}
 
 uint32_t gm_hist_capture(int level) {
     if (level <= GM_HIST_CTX_NEVER || gm_hist_context_level() < level)
@@ -146,13 +161,12 @@ uint32_t gm_hist_capture(int level) {
         uint64_t pyhash;
         uint32_t npy = walk_frames(&py, &cap, inline_buf, &pyhash);
         /* Interned with the GIL held: new code objects get retained. */
-        uint32_t fallback = npy == 0 && nc == 0 ? atomic_load(&backward_ctx) : 0;
-        id = fallback ? fallback : gm_intern_traceback_hashed(py, npy, pyhash, cbuf, nc);
+        id = npy ? gm_intern_traceback_hashed(py, npy, pyhash, cbuf, nc)
+                 : without_python_frames(cbuf, nc);
         if (py != inline_buf)
             free(py);
     } else {
-        uint32_t fallback = nc == 0 ? atomic_load(&backward_ctx) : 0;
-        id = fallback ? fallback : gm_intern_traceback(NULL, 0, cbuf, nc);
+        id = without_python_frames(cbuf, nc);
     }
     if (ensured)
         PyGILState_Release(gs);
