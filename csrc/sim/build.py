@@ -83,7 +83,9 @@ LIBS = {
                       exports=("gpumem_sim_cublas_report_json", "gpumem_sim_cublas_is_handle"),
                       unsupported=15, version=True, driver=False),
 }
-COMMON_SOURCES = ("common/simcommon.c",)
+COMMON_SOURCES = ("common/simcommon.c", "common/simjson.c")
+# The driver shares only the JSON builder with them.
+DRIVER_COMMON = ("common/simjson.c", "common/simjson.h")
 
 __all__ = ["build_sim_libs", "build_libcuda", "find_cuda_include", "BuildError", "DRIVER_SONAME",
            "sim_sonames"]
@@ -238,10 +240,12 @@ def build_libcuda(out_dir: Union[str, os.PathLike], extra_flags: Iterable[str] =
     cmd = cc + [f for f in BASE_FLAGS if f != "-O2"] + ["-O1"] + list(extra_flags)
     if inc is not None:
         cmd += ["-DFAKECUDA_USE_CUDA_H", "-I", str(inc)]
-    cmd += ["-I", str(src), "-pthread", f"-Wl,-soname,{DRIVER_SONAME}",
-            f"-Wl,--version-script={src / DRIVER_MAP}", "-Wl,--no-undefined"]
-    cmd += [str(src / s) for s in DRIVER_SOURCES]
+    cmd += ["-I", str(src), "-I", str(SIM_DIR / "common"), "-pthread",
+            f"-Wl,-soname,{DRIVER_SONAME}", f"-Wl,--version-script={src / DRIVER_MAP}",
+            "-Wl,--no-undefined"]
+    cmd += [str(src / s) for s in DRIVER_SOURCES] + [str(SIM_DIR / DRIVER_COMMON[0])]
     inputs = [src / n for n in DRIVER_SOURCES + DRIVER_HEADERS + (DRIVER_MAP,)]
+    inputs += [SIM_DIR / n for n in DRIVER_COMMON]
     if inc is not None:
         inputs.append(inc / "cuda.h")
     work = Path(work_dir) if work_dir is not None else out

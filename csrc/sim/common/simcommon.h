@@ -69,19 +69,8 @@ int sim_stub_noop(int idx, void *handle);
 void sim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int sim_log_enabled(void);
 
-/* ---- JSON string builder ---- */
-typedef struct sim_sb {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sim_sb_t;
+#include "simjson.h"
 
-void sim_sb_printf(sim_sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Appends s as a JSON string literal (quoted, escaped). */
-void sim_sb_json_str(sim_sb_t *sb, const char *s);
-/* snprintf semantics: copies at most len-1 bytes and a NUL into buf,
- * returns the full length, or -1 if building ran out of memory; frees sb. */
-int sim_sb_finish(sim_sb_t *sb, char *buf, size_t len);
 /* "calls": {...nonzero counts...}, "stubs_hit": [...names...] */
 void sim_report_calls(sim_sb_t *sb);
 

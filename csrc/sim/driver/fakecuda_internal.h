@@ -24,6 +24,7 @@
 #define _GNU_SOURCE
 #endif
 
+#include "simjson.h"
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -297,7 +298,7 @@ int fc_accessible_unlocked(uint64_t p, size_t n, int write);
  * device and the range holding it (the allocation, or the mapping; for an
  * unmapped part of a reservation, *size is 0) and 1; otherwise 0. */
 int fc_lookup_device_ptr_unlocked(uint64_t p, uint64_t *base, size_t *size, int *dev);
-int fc_mem_report_leaks_unlocked(void *sb, int *first, int left);
+int fc_mem_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
 
 /* fakecuda_sync.c */
 void fc_sync_reset_ctx_unlocked(struct CUctx_st *ctx);
@@ -309,13 +310,13 @@ CUresult fc_resolve_stream_unlocked(CUstream h, struct CUctx_st *cur, uint64_t *
 void fc_sync_complete_all_unlocked(void);
 int fc_parse_event_mode(const char *s, int *mode, long *after);
 size_t fc_sync_pending_events_unlocked(int dev);
-int fc_sync_report_leaks_unlocked(void *sb, int *first, int left);
+int fc_sync_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
 
 /* report string builder (fakecuda_report.c) */
-void fc_sb_printf(void *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* JSON for the report goes through simjson.h's builder (sb is a sim_sb_t *). */
 /* Starts one entry of the leak "details" list: returns 1 (and writes the
  * separator) if the entry may be written, 0 once *left is used up, which
  * then becomes -1 to mark the list truncated. */
-int fc_leak_slot(void *sb, int *first, int *left);
+int fc_leak_slot(sim_sb_t *sb, int *first, int *left);
 
 #endif /* FAKECUDA_INTERNAL_H */

@@ -640,25 +640,25 @@ FC_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmem
 /* ------------------------------------------------------------------ */
 /* report                                                               */
 
-int fc_mem_report_leaks_unlocked(void *sb, int *first, int left)
+int fc_mem_report_leaks_unlocked(sim_sb_t *sb, int *first, int left)
 {
     for (size_t i = 0; i < fc.allocs.n; i++) {
         const fc_alloc_t *a = fc.allocs.v[i].val;
         if (fc_leak_slot(sb, first, &left))
-            fc_sb_printf(sb, "{\"kind\": \"allocation\", \"device\": %d, \"ptr\": %llu, \"size\": %zu}",
+            sim_sb_printf(sb, "{\"kind\": \"allocation\", \"device\": %d, \"ptr\": %llu, \"size\": %zu}",
                          a->device, (unsigned long long)a->ptr, a->size);
     }
     for (size_t i = 0; i < fc.handles.n; i++) {
         const fc_vhandle_t *h = fc.handles.v[i].val;
         if (fc_leak_slot(sb, first, &left))
-            fc_sb_printf(sb, "{\"kind\": \"handle\", \"device\": %d, \"handle\": %llu, \"size\": %zu, "
+            sim_sb_printf(sb, "{\"kind\": \"handle\", \"device\": %d, \"handle\": %llu, \"size\": %zu, "
                              "\"mappings\": %zu}",
                          h->device, (unsigned long long)h->handle, h->size, h->nmaps);
     }
     for (size_t i = 0; i < fc.mappings.n; i++) {
         const fc_mapping_t *m = fc.mappings.v[i].val;
         if (fc_leak_slot(sb, first, &left))
-            fc_sb_printf(sb, "{\"kind\": \"mapping\", \"device\": %d, \"ptr\": %llu, \"size\": %zu, "
+            sim_sb_printf(sb, "{\"kind\": \"mapping\", \"device\": %d, \"ptr\": %llu, \"size\": %zu, "
                              "\"handle\": %llu, \"handle_released\": %s}",
                          m->h->device, (unsigned long long)m->start, m->size,
                          (unsigned long long)m->h->handle, m->h->released ? "true" : "false");
@@ -666,7 +666,7 @@ int fc_mem_report_leaks_unlocked(void *sb, int *first, int left)
     for (size_t i = 0; i < fc.reservations.n; i++) {
         const fc_reservation_t *r = fc.reservations.v[i].val;
         if (fc_leak_slot(sb, first, &left))
-            fc_sb_printf(sb, "{\"kind\": \"reservation\", \"device\": %d, \"ptr\": %llu, \"size\": %zu, "
+            sim_sb_printf(sb, "{\"kind\": \"reservation\", \"device\": %d, \"ptr\": %llu, \"size\": %zu, "
                              "\"mappings\": %zu}",
                          r->device, (unsigned long long)r->start, r->size, r->nmaps);
     }

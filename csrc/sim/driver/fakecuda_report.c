@@ -167,61 +167,6 @@ FC_API CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr)
     FC_END();
 }
 
-/* ------------------------------------------------------------------ */
-/* string builder                                                       */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sb_t;
-
-void fc_sb_printf(void *vsb, const char *fmt, ...)
-{
-    sb_t *sb = vsb;
-    if (sb->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(sb->p ? sb->p + sb->n : NULL, sb->p ? sb->cap - sb->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            sb->oom = 1;
-            return;
-        }
-        if (sb->p && sb->n + (size_t)k < sb->cap) {
-            sb->n += (size_t)k;
-            return;
-        }
-        size_t cap = sb->cap ? sb->cap : 4096;
-        while (cap <= sb->n + (size_t)k)
-            cap *= 2;
-        char *p = realloc(sb->p, cap);
-        if (!p) {
-            sb->oom = 1;
-            return;
-        }
-        sb->p = p;
-        sb->cap = cap;
-    }
-}
-
-static void sb_json_string(sb_t *sb, const char *s)
-{
-    fc_sb_printf(sb, "\"");
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fc_sb_printf(sb, "\\%c", c);
-        else if (c < 0x20)
-            fc_sb_printf(sb, "\\u%04x", c);
-        else
-            fc_sb_printf(sb, "%c", c);
-    }
-    fc_sb_printf(sb, "\"");
-}
-
 static void event_mode_string(char *buf, size_t len)
 {
     if (fc.ev_mode == FC_EV_IMMEDIATE)
@@ -234,50 +179,50 @@ static void event_mode_string(char *buf, size_t len)
 
 #define LEAK_DETAIL_LIMIT 100
 
-int fc_leak_slot(void *sb, int *first, int *left)
+int fc_leak_slot(sim_sb_t *sb, int *first, int *left)
 {
     if (*left <= 0) {
         *left = -1;
         return 0;
     }
     (*left)--;
-    fc_sb_printf(sb, "%s\n   ", *first ? "" : ",");
+    sim_sb_printf(sb, "%s\n   ", *first ? "" : ",");
     *first = 0;
     return 1;
 }
 
-static void build_report_unlocked(sb_t *sb)
+static void build_report_unlocked(sim_sb_t *sb)
 {
     char mode[64];
     event_mode_string(mode, sizeof mode);
 
-    fc_sb_printf(sb, "{\"version\": 1, \"initialized\": %s, \"pid\": %ld,\n",
+    sim_sb_printf(sb, "{\"version\": 1, \"initialized\": %s, \"pid\": %ld,\n",
                  fc.initialized ? "true" : "false", (long)getpid());
-    fc_sb_printf(sb, " \"config\": {\"devices\": %d, \"memory\": %zu, \"granularity\": %zu, "
+    sim_sb_printf(sb, " \"config\": {\"devices\": %d, \"memory\": %zu, \"granularity\": %zu, "
                      "\"events\": ", fc.ndev, fc.memory, fc.granularity);
-    sb_json_string(sb, mode);
-    fc_sb_printf(sb, ", \"fail\": ");
-    sb_json_string(sb, fc.fail_spec);
-    fc_sb_printf(sb, ", \"fail_above\": %zu, \"report\": ", fc.fail_above);
+    sim_sb_json_str(sb, mode);
+    sim_sb_printf(sb, ", \"fail\": ");
+    sim_sb_json_str(sb, fc.fail_spec);
+    sim_sb_printf(sb, ", \"fail_above\": %zu, \"report\": ", fc.fail_above);
     if (fc.report_path)
-        sb_json_string(sb, fc.report_path);
+        sim_sb_json_str(sb, fc.report_path);
     else
-        fc_sb_printf(sb, "null");
-    fc_sb_printf(sb, "},\n \"calls\": {");
+        sim_sb_printf(sb, "null");
+    sim_sb_printf(sb, "},\n \"calls\": {");
     uint64_t total = 0;
     for (int i = 0; i < FN_COUNT; i++) {
-        fc_sb_printf(sb, "%s\"%s\": %llu", i ? ", " : "", fc_func_names[i],
+        sim_sb_printf(sb, "%s\"%s\": %llu", i ? ", " : "", fc_func_names[i],
                      (unsigned long long)fc.calls[i]);
         total += fc.calls[i];
     }
-    fc_sb_printf(sb, "},\n \"total_calls\": %llu,\n \"devices\": [", (unsigned long long)total);
+    sim_sb_printf(sb, "},\n \"total_calls\": %llu,\n \"devices\": [", (unsigned long long)total);
 
     size_t lk_allocs = 0, lk_alloc_bytes = 0, lk_handles = 0, lk_created = 0, lk_res = 0;
     size_t lk_maps = 0, lk_mapped = 0, lk_events = 0, lk_streams = 0, lk_refs = 0;
     for (int i = 0; i < fc.ndev; i++) {
         const fc_device_t *d = &fc.dev[i];
         size_t used = d->bytes_allocated + d->bytes_created;
-        fc_sb_printf(sb,
+        sim_sb_printf(sb,
                      "%s\n  {\"ordinal\": %d, \"capacity\": %zu, \"bytes_allocated\": %zu, "
                      "\"bytes_created\": %zu, \"bytes_mapped\": %zu, \"bytes_reserved\": %zu, "
                      "\"bytes_used\": %zu, \"bytes_free\": %zu, \"peak_bytes_used\": %zu, "
@@ -303,7 +248,7 @@ static void build_report_unlocked(sb_t *sb)
         lk_refs += (size_t)d->ctx.refcount;
     }
     size_t lk_total = lk_allocs + lk_handles + lk_res + lk_maps + lk_events + lk_streams;
-    fc_sb_printf(sb, "],\n \"leaks\": {\"total\": %zu, \"allocations\": %zu, \"bytes_allocated\": %zu, "
+    sim_sb_printf(sb, "],\n \"leaks\": {\"total\": %zu, \"allocations\": %zu, \"bytes_allocated\": %zu, "
                      "\"handles\": %zu, \"bytes_created\": %zu, \"reservations\": %zu, "
                      "\"mappings\": %zu, \"bytes_mapped\": %zu, \"events\": %zu, \"streams\": %zu, "
                      "\"primary_ctx_refs\": %zu, \"details\": [",
@@ -312,8 +257,8 @@ static void build_report_unlocked(sb_t *sb)
     int first = 1, left = LEAK_DETAIL_LIMIT;
     left = fc_mem_report_leaks_unlocked(sb, &first, left);
     left = fc_sync_report_leaks_unlocked(sb, &first, left);
-    fc_sb_printf(sb, "], \"details_truncated\": %s},\n", left < 0 ? "true" : "false");
-    fc_sb_printf(sb, " \"reclaimed_by_ctx_reset\": {\"allocations\": %zu, \"bytes\": %zu, "
+    sim_sb_printf(sb, "], \"details_truncated\": %s},\n", left < 0 ? "true" : "false");
+    sim_sb_printf(sb, " \"reclaimed_by_ctx_reset\": {\"allocations\": %zu, \"bytes\": %zu, "
                      "\"streams\": %zu, \"events\": %zu}\n}\n",
                  fc.reclaimed.allocations, fc.reclaimed.bytes, fc.reclaimed.streams,
                  fc.reclaimed.events);
@@ -324,22 +269,11 @@ static void build_report_unlocked(sb_t *sb)
 
 FC_API int fakecuda_report_json(char *buf, size_t len)
 {
-    sb_t sb = {0};
+    sim_sb_t sb = {0};
     fc_lock();
     build_report_unlocked(&sb);
     fc_unlock();
-    if (sb.oom) {
-        free(sb.p);
-        return -1;
-    }
-    if (buf && len) {
-        size_t k = sb.n < len - 1 ? sb.n : len - 1;
-        memcpy(buf, sb.p, k);
-        buf[k] = '\0';
-    }
-    int n = (int)sb.n;
-    free(sb.p);
-    return n;
+    return sim_sb_finish(&sb, buf, len);
 }
 
 FC_API void fakecuda_complete_events(void)
@@ -522,7 +456,7 @@ __attribute__((destructor)) static void fakecuda_at_exit(void)
         }
     }
     if (fc.report_path && fc.report_pid == (long)getpid()) { /* not in a forked child */
-        sb_t sb = {0};
+        sim_sb_t sb = {0};
         build_report_unlocked(&sb);
         if (!sb.oom)
             write_report_file(fc.report_path, sb.p, sb.n);

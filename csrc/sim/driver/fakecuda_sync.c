@@ -503,18 +503,18 @@ FC_API CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent)
 /* ------------------------------------------------------------------ */
 /* report                                                               */
 
-int fc_sync_report_leaks_unlocked(void *sb, int *first, int left)
+int fc_sync_report_leaks_unlocked(sim_sb_t *sb, int *first, int left)
 {
     for (size_t i = 0; i < fc.streams.n; i++) {
         const fc_stream_t *s = fc.streams.v[i].val;
         if (fc_leak_slot(sb, first, &left))
-            fc_sb_printf(sb, "{\"kind\": \"stream\", \"device\": %d, \"handle\": %llu}",
+            sim_sb_printf(sb, "{\"kind\": \"stream\", \"device\": %d, \"handle\": %llu}",
                          s->ctx->device, (unsigned long long)s->handle);
     }
     for (size_t i = 0; i < fc.events.n; i++) {
         const fc_event_t *e = fc.events.v[i].val;
         if (fc_leak_slot(sb, first, &left))
-            fc_sb_printf(sb, "{\"kind\": \"event\", \"device\": %d, \"handle\": %llu, \"pending\": %s}",
+            sim_sb_printf(sb, "{\"kind\": \"event\", \"device\": %d, \"handle\": %llu, \"pending\": %s}",
                          e->ctx->device, (unsigned long long)e->handle, pending(e) ? "true" : "false");
     }
     return left;
