@@ -49,7 +49,8 @@ class TorchMissingError(InstallError, ImportError):
 
 
 class AllocConfError(InstallError, ValueError):
-    """GPUMEM_ALLOC_CONF (or the torch variable it falls back to) is invalid."""
+    """GPUMEM_ALLOC_CONF (or the torch variable it falls back to), or
+    GPUMEM_OOM_RECORDING when GPUMEM_OOM_SNAPSHOT is set, is invalid."""
 
 
 _lock = threading.RLock()
@@ -131,6 +132,15 @@ def _device_index(device: Any) -> int:
     return index
 
 
+def _check_oom_recording() -> None:
+    from gpumem.record import ENV_OOM_RECORDING, ENV_OOM_SNAPSHOT, parse_oom_recording
+    if os.environ.get(ENV_OOM_SNAPSHOT, "").strip():
+        try:
+            parse_oom_recording(os.environ.get(ENV_OOM_RECORDING))
+        except ConfError as e:
+            raise AllocConfError(str(e)) from None
+
+
 def _not_initialised_error() -> InstallError:
     return InstallError(
         "gpumem.install() must be called before any CUDA allocation: torch's CUDA caching "
@@ -170,6 +180,7 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
         if _shim is None:
             torch = _import_torch()
             settings, source = _read_settings()
+            _check_oom_recording()  # refused before anything is swapped in
             from gpumem import _shim_build
             loaded = sys.modules.get(_shim_build.MODULE_NAME)
             if torch.cuda.is_initialized() and not (loaded and loaded.is_current()):

@@ -17,7 +17,9 @@ growth.
 
 Out of memory: while a recorder with ``dump_on_oom=True`` is active, or in
 the whole process when ``GPUMEM_OOM_SNAPSHOT=/dir`` is set when
-gpumem.install() runs, an allocation that fails writes a snapshot before the
+gpumem.install() runs (recording, if it is off then, starts with
+ENV_RECORDING, which ``GPUMEM_OOM_RECORDING=context:alloc,max_entries:20000``
+changes), an allocation that fails writes a snapshot before the
 exception reaches Python (Note [OOM hook] in csrc/torch/gm_torch_module.cpp:
 the hook runs on the failing thread, autograd threads included, with no
 allocator lock held).  The snapshot holds the ``oom`` event and the segments
@@ -68,9 +70,11 @@ import traceback
 from typing import Any, Optional
 
 from gpumem import history
+from gpumem._conf import ConfError
 
 __all__ = ["record", "Recorder", "RecordError", "current_rank", "rank_path", "active_recorder",
-           "oom_snapshots_written", "MAX_OOM_SNAPSHOTS", "ENV_OOM_SNAPSHOT"]
+           "oom_snapshots_written", "MAX_OOM_SNAPSHOTS", "ENV_OOM_SNAPSHOT",
+           "ENV_OOM_RECORDING", "parse_oom_recording"]
 
 log = logging.getLogger("gpumem")
 
@@ -80,6 +84,8 @@ MAX_OOM_SNAPSHOTS = 10
 ENV_OOM_SNAPSHOT = "GPUMEM_OOM_SNAPSHOT"
 #: What GPUMEM_OOM_SNAPSHOT records when recording is off at install().
 ENV_RECORDING = {"context": "all", "stacks": "python", "max_entries": 100_000}
+#: The variable that changes ENV_RECORDING: "context:alloc,stacks:all,max_entries:20000".
+ENV_OOM_RECORDING = "GPUMEM_OOM_RECORDING"
 
 _CONTEXTS = (None, "state", "alloc", "all")
 _STACKS = ("python", "all")
@@ -586,11 +592,42 @@ def _install_oom_hook(shim: Any) -> None:
     _arm_env()
 
 
+def parse_oom_recording(text: Optional[str]) -> dict:
+    """GPUMEM_OOM_RECORDING's value -> ENV_RECORDING with the keys it names.
+
+    Entries are key:value, separated by ','; spaces are ignored. Keys:
+    context (none, state, alloc or all), stacks (python or all) and
+    max_entries (a positive integer). Raises ConfError naming what is wrong.
+    """
+    out = dict(ENV_RECORDING)
+    example = "for example context:all,stacks:python,max_entries:100000"
+    for entry in "".join((text or "").split()).split(","):
+        if not entry:
+            continue
+        key, sep, value = entry.partition(":")
+        if key == "context" and value.lower() in ("none", "state", "alloc", "all"):
+            out["context"] = None if value.lower() == "none" else value.lower()
+        elif key == "stacks" and value in _STACKS:
+            out["stacks"] = value
+        elif key == "max_entries" and value.isdigit() and int(value) > 0:
+            out["max_entries"] = int(value)
+        elif key in ("context", "stacks", "max_entries"):
+            accepted = {"context": "none, state, alloc or all", "stacks": "python or all",
+                        "max_entries": "a positive integer"}[key]
+            raise ConfError(f"{ENV_OOM_RECORDING}: bad value {value!r} for {key} "
+                            f"(accepted: {accepted}); {example}")
+        else:
+            raise ConfError(f"{ENV_OOM_RECORDING}: unknown entry {entry!r} (keys: context, "
+                            f"stacks, max_entries); {example}")
+    return out
+
+
 def _arm_env() -> None:
     global _env_dir, _env_fallback_only
     text = os.environ.get(ENV_OOM_SNAPSHOT, "").strip()
     if not text or _env_dir is not None:
         return
+    recording = parse_oom_recording(os.environ.get(ENV_OOM_RECORDING))
     directory = os.path.abspath(os.path.expanduser(text))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -600,6 +637,6 @@ def _arm_env() -> None:
     _env_dir = directory
     _env_fallback_only = os.environ.get("GPUMEM_SIMULATE_OUT") == text
     if history.recording_config()["enabled"] is None:
-        history.record_memory_history("all", ENV_RECORDING["context"], ENV_RECORDING["stacks"],
-                                      ENV_RECORDING["max_entries"])
+        history.record_memory_history("all", recording["context"], recording["stacks"],
+                                      recording["max_entries"])
     log.info("gpumem: out-of-memory snapshots go to %s", directory)

@@ -34,7 +34,7 @@ def _no_torch(monkeypatch):
 
     monkeypatch.setattr(_torch, "install", install)
     monkeypatch.setattr(_torch, "is_installed", lambda: False)
-    for var in ("RANK", "LOCAL_RANK", R.ENV_OOM_SNAPSHOT):
+    for var in ("RANK", "LOCAL_RANK", R.ENV_OOM_SNAPSHOT, R.ENV_OOM_RECORDING):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(R, "_env_dir", None)
     monkeypatch.setattr(R, "_env_fallback_only", False)
@@ -250,3 +250,41 @@ def test_env_directory_and_the_per_process_cap(tmp_path, monkeypatch):
                for i, f in enumerate(files))
     assert lines[0].endswith(files[0])
     del a
+
+
+def test_env_recording_settings_are_applied(tmp_path, monkeypatch):
+    monkeypatch.setenv(R.ENV_OOM_SNAPSHOT, str(tmp_path / "ooms"))
+    monkeypatch.setenv(R.ENV_OOM_RECORDING, " context:alloc, stacks:all ,max_entries:321")
+    R._arm_env()
+    cfg = history.recording_config()
+    assert (cfg["enabled"], cfg["context"], cfg["stacks"], cfg["max_entries"]) == \
+        ("all", "alloc", "all", 321)
+
+
+def test_env_recording_defaults_and_keeps_a_recording_already_on(tmp_path, monkeypatch):
+    assert R.parse_oom_recording(None) == R.ENV_RECORDING
+    assert R.parse_oom_recording("context:None")["context"] is None
+    monkeypatch.setenv(R.ENV_OOM_SNAPSHOT, str(tmp_path / "ooms"))
+    monkeypatch.setenv(R.ENV_OOM_RECORDING, "max_entries:50")
+    history.record_memory_history("all", context="state", max_entries=777)
+    R._arm_env()                       # the user's own recording wins
+    assert history.recording_config()["max_entries"] == 777
+
+
+@pytest.mark.parametrize("text, words", [
+    ("context:everything", "bad value 'everything' for context"),
+    ("stacks:cpp", "bad value 'cpp' for stacks"),
+    ("max_entries:0", "bad value '0' for max_entries"),
+    ("max_entries:many", "bad value 'many' for max_entries"),
+    ("depth:3", "unknown entry 'depth:3'"),
+])
+def test_env_recording_rejects_bad_settings_in_one_line(text, words, tmp_path, monkeypatch):
+    with pytest.raises(ValueError) as e:
+        R.parse_oom_recording(text)
+    msg = str(e.value)
+    assert words in msg and R.ENV_OOM_RECORDING in msg and "\n" not in msg
+    # install() refuses it before swapping anything in
+    monkeypatch.setenv(R.ENV_OOM_SNAPSHOT, str(tmp_path / "ooms"))
+    monkeypatch.setenv(R.ENV_OOM_RECORDING, text)
+    with pytest.raises(_torch.AllocConfError, match=words):
+        _torch._check_oom_recording()
