@@ -605,8 +605,9 @@ def parse_oom_recording(text: Optional[str]) -> dict:
         if not entry:
             continue
         key, sep, value = entry.partition(":")
-        if key == "context" and value.lower() in ("none", "state", "alloc", "all"):
-            out["context"] = None if value.lower() == "none" else value.lower()
+        context = None if value.lower() == "none" else value.lower()
+        if key == "context" and context in _CONTEXTS:
+            out["context"] = context
         elif key == "stacks" and value in _STACKS:
             out["stacks"] = value
         elif key == "max_entries" and value.isdigit() and int(value) > 0:

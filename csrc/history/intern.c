@@ -305,22 +305,11 @@ int gm_intern_tb_view(uint32_t id, gm_tb_view_t *out) {
         out->npy = r->npy;
         out->nc = r->nc;
         out->fids = r->fids;
+        out->raw = r->raw;
         out->c = r->c;
     }
     pthread_mutex_unlock(&intern_lock);
     return ok ? 0 : -1;
-}
-
-uint32_t gm_intern_tb_pyframes(uint32_t id, const gm_rawframe_t **raw) {
-    uint32_t npy = 0;
-    *raw = NULL;
-    pthread_mutex_lock(&intern_lock);
-    if (id >= 1 && id <= n_tbs) {
-        *raw = tbs[id - 1]->raw;
-        npy = tbs[id - 1]->npy;
-    }
-    pthread_mutex_unlock(&intern_lock);
-    return npy;
 }
 
 /* -------------------------------------------------------------- strings */

@@ -38,6 +38,10 @@ typedef struct gm_rawframe {
 typedef struct gm_tb_view {
     uint32_t npy, nc;
     const uint32_t *fids; /* npy frame ids, innermost first */
+    /* the same npy frames as captured; every one is already in the frame
+     * table, so interning them again never retains a code object (safe
+     * without the GIL) */
+    const gm_rawframe_t *raw;
     const uintptr_t *c;   /* nc C return addresses, innermost first */
 } gm_tb_view_t;
 
@@ -65,11 +69,6 @@ uint32_t gm_intern_traceback_hashed(const gm_rawframe_t *py, uint32_t npy, uint6
 int gm_intern_tb_view(uint32_t id, gm_tb_view_t *out);
 /* 0 and the frame, or -1 for an unknown id. */
 int gm_intern_frame(uint32_t fid, gm_rawframe_t *out);
-/* The Python frames of traceback `id` as captured, innermost first, in
- * *raw (valid forever: records never change); 0 frames for an unknown id.
- * Every one of them is already in the frame table, so interning them again
- * never retains a code object (safe without the GIL). */
-uint32_t gm_intern_tb_pyframes(uint32_t id, const gm_rawframe_t **raw);
 
 /* Intern a string (UTF-8, any bytes); "" is id 0. Returns 0 on failure too. */
 uint32_t gm_intern_string(const char *s, size_t len);

@@ -128,9 +128,10 @@ static uint32_t without_python_frames(const uintptr_t *c, uint32_t nc) {
         return gm_intern_traceback(NULL, 0, c, nc);
     if (nc == 0)
         return ctx;
-    const gm_rawframe_t *raw;
-    uint32_t npy = gm_intern_tb_pyframes(ctx, &raw);
-    return gm_intern_traceback(raw, npy, c, nc);
+    gm_tb_view_t v;
+    if (gm_intern_tb_view(ctx, &v))
+        return gm_intern_traceback(NULL, 0, c, nc);
+    return gm_intern_traceback(v.raw, v.npy, c, nc);
 }
 
 uint32_t gm_hist_capture(int level) {
