@@ -1,8 +1,9 @@
 """Build script for gpumem's C extension, gpumem._C.
 
 Project metadata lives in pyproject.toml; this file only describes the
-extension. It compiles every .c file under csrc/core, csrc/device,
-csrc/history and csrc/python (globbed, so new files are picked up). No CUDA toolkit and no
+extension. It compiles every .c file of the layers csrc/layers.py names for
+the extension (base, device, core, history, python; globbed, so new files are
+picked up). No CUDA toolkit and no
 torch are needed: the CUDA backend loads the driver at run time.
 
 Build knobs (environment variables):
@@ -21,7 +22,6 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE_DIRS = ("csrc/core", "csrc/device", "csrc/history", "csrc/python")
 
 
 def _relative_glob(pattern):
@@ -67,12 +67,18 @@ def _cuda_include():
     return None
 
 
+def _load_by_path(name, path):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _extension():
-    sources = []
-    headers = []
-    for d in SOURCE_DIRS:
-        sources += _relative_glob(d + "/*.c")
-        headers += _relative_glob(d + "/*.h")
+    layers = _load_by_path("gpumem_layers", "csrc/layers.py")
+    rel = lambda paths: [os.path.relpath(p, HERE).replace(os.sep, "/") for p in paths]
+    sources = rel(layers.sources(*layers.EXTENSION_LAYERS))
+    headers = rel(layers.sources(*layers.EXTENSION_LAYERS, ext=".h"))
 
     compile_args = [
         "-std=c11",
@@ -119,11 +125,7 @@ def _extension():
 
 
 def _load_sim_build():
-    spec = importlib.util.spec_from_file_location(
-        "gpumem_sim_build", os.path.join(HERE, "csrc", "sim", "build.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load_by_path("gpumem_sim_build", "csrc/sim/build.py")
 
 
 class BuildWithSimulator(build_ext):

@@ -45,7 +45,7 @@ _INFO_FILE = MODULE_NAME + ".json"
 #: Bumped when the build recipe below changes in a way the sources do not show.
 _RECIPE = 1
 _SOURCES = ("torch/gm_torch.h", "torch/gm_torch_alloc.cpp", "torch/gm_torch_module.cpp")
-_HEADERS = ("python/core_api.h", "history/hist.h", "core/gm_alloc.h", "core/gm_errors.h",
+_HEADERS = ("python/core_api.h", "history/hist.h", "core/gm_alloc.h", "base/errors.h", "base/format.h",
             "device/backend.h")
 # Fields that must match for a cached shim to be loaded, with their names in messages.
 _MUST_MATCH = (("torch_version", "torch version"), ("torch_git", "torch git revision"),

@@ -39,6 +39,8 @@ import time
 
 import pytest
 
+from csrc_layers import layers
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 TESTS_C = os.path.join(ROOT, "tests", "c")
@@ -176,15 +178,14 @@ needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler found (set CC or
 
 
 def _sources():
-    core = sorted(glob.glob(os.path.join(CSRC, "core", "*.c")))
-    device = sorted(glob.glob(os.path.join(CSRC, "device", "*.c")))
+    native = layers.sources("base", "device", "core")
     common = [os.path.join(TESTS_C, "gmtest.c"), os.path.join(TESTS_C, "testdev.c")]
     unit = (
         [os.path.join(TESTS_C, "helpers.c"), os.path.join(TESTS_C, "unit_main.c")]
         + sorted(glob.glob(os.path.join(TESTS_C, "test_*.c")))
     )
     stress = [os.path.join(TESTS_C, "stress.c")]
-    return core + device + common, unit, stress
+    return native + common, unit, stress
 
 
 def _obj_name(src):

@@ -17,6 +17,7 @@ import textwrap
 
 import pytest
 
+from csrc_layers import layers
 from test_sim_helpers import CC, ROOT, needs_torch, run_sim
 
 pytestmark = needs_torch
@@ -113,7 +114,7 @@ def pluggable_lib(tmp_path_factory):
     src = d / "gm_pluggable.c"
     src.write_text(PLUGGABLE_C)
     lib = d / "libgm_pluggable.so"
-    sources = sorted((ROOT / "csrc" / "core").glob("*.c")) + [ROOT / "csrc" / "device" / "cuda_backend.c"]
+    sources = layers.sources("base", "core") + [ROOT / "csrc" / "device" / "cuda_backend.c"]
     cmd = CC + ["-shared", "-fPIC", "-std=gnu11", "-O1", "-g", "-D_GNU_SOURCE",
                 "-I", str(ROOT / "csrc"), str(src), *map(str, sources), "-o", str(lib),
                 "-lpthread", "-ldl"]

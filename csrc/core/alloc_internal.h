@@ -16,8 +16,8 @@
 #include <stdint.h>
 
 #include "gm_alloc.h"
-#include "gm_debug.h"
-#include "ptrmap.h"
+#include "../base/debug.h"
+#include "../base/ptrmap.h"
 #include "tree.h"
 
 struct gm_pool;

@@ -18,8 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../base/errors.h"
+#include "../base/format.h"
 #include "../device/backend.h"
-#include "gm_errors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -183,9 +184,6 @@ int gm_alloc_walk(gm_alloc_t *a, gm_segment_fn fn, void *arg);
 /* Walks every structure and returns the number of violations found (0 when
  * consistent). The first violation's text goes to msg. */
 int gm_alloc_check(gm_alloc_t *a, char *msg, size_t msglen);
-
-/* Formats a byte count like c10's format_size ("20.00 MiB"). */
-void gm_format_size(size_t bytes, char *buf, size_t buflen);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /*
- * settings.c - allocator settings, error texts, action names and size
- * formatting: small pure functions with no allocator state.
+ * settings.c - allocator settings and action names: small pure functions
+ * with no allocator state.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -36,22 +36,6 @@ int gm_settings_validate(const gm_settings_t *s, char *msg, size_t msglen) {
     return GM_OK;
 }
 
-const char *gm_strerror(int code) {
-    switch (code) {
-    case GM_OK: return "success";
-    case GM_EOOM: return "out of memory";
-    case GM_EINVAL: return "invalid argument";
-    case GM_ENOTFOUND: return "pointer was not allocated by this allocator";
-    case GM_EDOUBLEFREE: return "pointer was already freed";
-    case GM_ENOTREADY: return "event not ready";
-    case GM_ENOTSUP: return "not supported by this device";
-    case GM_EDEVICE: return "device error";
-    case GM_ENOMEM: return "out of host memory";
-    case GM_ESTATE: return "invalid state";
-    default: return "unknown error";
-    }
-}
-
 static const char *const action_names[GM_ACT_COUNT] = {
     "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
     "segment_map", "segment_unmap",  "snapshot",       "oom"};
@@ -60,15 +44,4 @@ const char *gm_action_name(int action) {
     if (action < 0 || action >= GM_ACT_COUNT)
         return "unknown";
     return action_names[action];
-}
-
-void gm_format_size(size_t bytes, char *buf, size_t buflen) {
-    if (bytes <= 1024)
-        snprintf(buf, buflen, "%zu bytes", bytes);
-    else if (bytes <= ((size_t)1 << 20))
-        snprintf(buf, buflen, "%.2f KiB", (double)bytes / 1024.0);
-    else if (bytes <= ((size_t)1 << 30))
-        snprintf(buf, buflen, "%.2f MiB", (double)bytes / 1048576.0);
-    else
-        snprintf(buf, buflen, "%.2f GiB", (double)bytes / 1073741824.0);
 }

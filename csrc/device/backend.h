@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/gm_errors.h"
+#include "../base/errors.h"
 
 #ifdef __cplusplus
 extern "C" {

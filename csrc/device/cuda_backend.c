@@ -37,7 +37,7 @@
 #include "cuda_decls.h"
 #endif
 
-#include "../core/ptrmap.h"
+#include "../base/ptrmap.h"
 
 #define GM_CUDA_MAX_DEVICES 64
 

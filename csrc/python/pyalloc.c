@@ -12,7 +12,7 @@
 #include <pthread.h>
 #include <time.h>
 
-#include "../core/ptrmap.h"
+#include "../base/ptrmap.h"
 #include "../device/cuda_backend.h"
 #include "../device/sim.h"
 #include "../history/hist.h"

@@ -1,11 +1,13 @@
 /*
- * gm_errors.h - error codes shared by core/ and device/.
+ * errors.h - the error codes every layer returns (base: includes nothing of
+ * gpumem's).
  *
- * 0 is success; every failure is a negative GM_E* code. Only the Python
- * layer turns these into exceptions. gm_strerror never returns NULL.
+ * 0 is success; every failure is a negative GM_E* code. core/ and device/
+ * return them and hand results back through out-parameters; only the
+ * Python layer turns them into exceptions. gm_strerror never returns NULL.
  */
-#ifndef GM_CORE_ERRORS_H
-#define GM_CORE_ERRORS_H
+#ifndef GM_BASE_ERRORS_H
+#define GM_BASE_ERRORS_H
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,4 +31,4 @@ const char *gm_strerror(int code);
 #ifdef __cplusplus
 }
 #endif
-#endif /* GM_CORE_ERRORS_H */
+#endif /* GM_BASE_ERRORS_H */

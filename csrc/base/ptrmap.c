@@ -9,7 +9,7 @@
 
 #include <stdlib.h>
 
-#include "gm_errors.h"
+#include "errors.h"
 
 static inline size_t slot_of(const gm_ptrmap_t *m, uintptr_t key) {
     uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ull;
@@ -35,8 +35,8 @@ void gm_ptrmap_free(gm_ptrmap_t *m) {
     m->count = 0;
 }
 
-static int grow(gm_ptrmap_t *m) {
-    size_t old_cap = m->mask + 1, cap = old_cap * 2;
+static int grow(gm_ptrmap_t *m, size_t cap) {
+    size_t old_cap = m->mask + 1;
     gm_ptrmap_slot_t *old = m->slots, *slots = calloc(cap, sizeof(*slots));
     if (!slots)
         return GM_ENOMEM;
@@ -54,12 +54,19 @@ static int grow(gm_ptrmap_t *m) {
     return GM_OK;
 }
 
+int gm_ptrmap_reserve(gm_ptrmap_t *m, size_t n) {
+    size_t cap = m->mask + 1;
+    while ((m->count + n) * 2 > cap)
+        cap <<= 1;
+    return cap == m->mask + 1 ? GM_OK : grow(m, cap);
+}
+
 int gm_ptrmap_put(gm_ptrmap_t *m, uintptr_t key, uintptr_t value) {
-    if ((m->count + 1) * 2 > m->mask + 1) {
-        int rc = grow(m);
-        if (rc)
-            return rc;
-    }
+    if (key == 0)
+        return GM_EINVAL;
+    int rc = gm_ptrmap_reserve(m, 1);
+    if (rc)
+        return rc;
     size_t i = slot_of(m, key);
     while (m->slots[i].key && m->slots[i].key != key)
         i = (i + 1) & m->mask;
@@ -74,12 +81,12 @@ int gm_ptrmap_get(const gm_ptrmap_t *m, uintptr_t key, uintptr_t *value) {
     size_t i = slot_of(m, key);
     for (;;) {
         uintptr_t k = m->slots[i].key;
+        if (!k) /* checked first: key 0 is the empty slot, never an entry */
+            return 0;
         if (k == key) {
             *value = m->slots[i].value;
             return 1;
         }
-        if (!k)
-            return 0;
         i = (i + 1) & m->mask;
     }
 }

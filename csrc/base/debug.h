@@ -1,13 +1,14 @@
 /*
- * gm_debug.h - debug checks for the core, by build level (GM_DEBUG):
+ * debug.h - debug checks, by build level (GM_DEBUG):
  *   0  none (release);
  *   1  cheap asserts on internal state, each with a message (GM_ASSERT);
- *   3  also the full invariant walk after every operation (alloc.c).
+ *   3  also the core's full invariant walk after every operation
+ *      (core/check.c, run by GM_DEEP_CHECK in core/).
  * An assert that fires is a bug in gpumem, never a user error: user errors
  * are returned as GM_E* codes at every level.
  */
-#ifndef GM_CORE_DEBUG_H
-#define GM_CORE_DEBUG_H
+#ifndef GM_BASE_DEBUG_H
+#define GM_BASE_DEBUG_H
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,4 +30,4 @@
 #define GM_ASSERT(cond, msg) ((void)0)
 #endif
 
-#endif /* GM_CORE_DEBUG_H */
+#endif /* GM_BASE_DEBUG_H */
