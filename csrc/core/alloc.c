@@ -237,7 +237,7 @@ static size_t roundup_next_division(size_t size, size_t divisions) {
     return rf == size ? size : rf + step;
 }
 
-static size_t round_size(const gm_alloc_t *a, size_t size) {
+size_t gm_size_round(const gm_settings_t *s, size_t size) {
     if (size < GM_MIN_BLOCK_SIZE)
         return GM_MIN_BLOCK_SIZE;
     int idx = (63 - __builtin_clzll((unsigned long long)size)) - 20;
@@ -245,13 +245,15 @@ static size_t round_size(const gm_alloc_t *a, size_t size) {
         idx = 0;
     if (idx >= GM_ROUNDUP_INTERVALS)
         idx = GM_ROUNDUP_INTERVALS - 1;
-    size_t div = a->settings.roundup_power2_divisions[idx];
+    size_t div = s->roundup_power2_divisions[idx];
     if (div > 1 && size > GM_MIN_BLOCK_SIZE * div)
         return roundup_next_division(size, div);
     return GM_MIN_BLOCK_SIZE * ((size + GM_MIN_BLOCK_SIZE - 1) / GM_MIN_BLOCK_SIZE);
 }
 
-static size_t allocation_size(size_t size) {
+int gm_size_is_small(size_t rounded) { return rounded <= GM_SMALL_SIZE; }
+
+size_t gm_size_segment(size_t size) {
     if (size <= GM_SMALL_SIZE)
         return GM_SMALL_BUFFER;
     if (size < GM_MIN_LARGE_ALLOC)
@@ -595,9 +597,9 @@ int gm_alloc_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t 
     }
     alloc_params_t p;
     memset(&p, 0, sizeof p);
-    p.size = round_size(a, orig_size);
-    p.pool = p.size <= GM_SMALL_SIZE ? &a->small_pool : &a->large_pool;
-    p.alloc_size = allocation_size(p.size);
+    p.size = gm_size_round(&a->settings, orig_size);
+    p.pool = gm_size_is_small(p.size) ? &a->small_pool : &a->large_pool;
+    p.alloc_size = gm_size_segment(p.size);
     p.stream = stream;
 
     int found = get_free_block(a, &p);

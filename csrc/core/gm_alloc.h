@@ -43,6 +43,16 @@ typedef struct gm_settings {
 } gm_settings_t;
 
 void gm_settings_default(gm_settings_t *s);
+
+/* ---- size policy (torch's), for the allocator and for tools ---- */
+/* The block size a request of `size` bytes gets under settings s: 512-byte
+ * multiples, or roundup_power2_divisions where they apply. */
+size_t gm_size_round(const gm_settings_t *s, size_t size);
+/* 1 if a rounded size is served by the small pool, 0 for the large one. */
+int gm_size_is_small(size_t rounded);
+/* The size of the new segment a rounded request needs when nothing cached
+ * fits (2 MiB small, 20 MiB below 10 MiB, else rounded up to 2 MiB). */
+size_t gm_size_segment(size_t rounded);
 /* 0 if valid, GM_EINVAL otherwise (msg says why). */
 int gm_settings_validate(const gm_settings_t *s, char *msg, size_t msglen);
 
