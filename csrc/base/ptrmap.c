@@ -1,20 +1,14 @@
 /*
  * ptrmap.c - address -> pointer hash map (see ptrmap.h).
  *
- * Load factor is kept at or below 1/2. Addresses are 512-byte aligned in
- * practice, so the hash multiplies by a 64-bit odd constant and takes the
- * high bits, which spreads aligned keys well.
+ * Load factor is kept at or below 1/2; the hash and the lookup are inline in
+ * ptrmap.h.
  */
 #include "ptrmap.h"
 
 #include <stdlib.h>
 
 #include "errors.h"
-
-static inline size_t slot_of(const gm_ptrmap_t *m, uintptr_t key) {
-    uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 29) & m->mask;
-}
 
 int gm_ptrmap_init(gm_ptrmap_t *m, size_t initial_capacity) {
     size_t cap = 16;
@@ -45,7 +39,7 @@ static int grow(gm_ptrmap_t *m, size_t cap) {
     for (size_t i = 0; i < old_cap; i++) {
         if (!old[i].key)
             continue;
-        size_t j = slot_of(m, old[i].key);
+        size_t j = gm_ptrmap_slot_of(m, old[i].key);
         while (slots[j].key)
             j = (j + 1) & m->mask;
         slots[j] = old[i];
@@ -54,7 +48,7 @@ static int grow(gm_ptrmap_t *m, size_t cap) {
     return GM_OK;
 }
 
-int gm_ptrmap_reserve(gm_ptrmap_t *m, size_t n) {
+int gm_ptrmap_grow_for(gm_ptrmap_t *m, size_t n) {
     size_t cap = m->mask + 1;
     while ((m->count + n) * 2 > cap)
         cap <<= 1;
@@ -67,7 +61,7 @@ int gm_ptrmap_put(gm_ptrmap_t *m, uintptr_t key, uintptr_t value) {
     int rc = gm_ptrmap_reserve(m, 1);
     if (rc)
         return rc;
-    size_t i = slot_of(m, key);
+    size_t i = gm_ptrmap_slot_of(m, key);
     while (m->slots[i].key && m->slots[i].key != key)
         i = (i + 1) & m->mask;
     if (!m->slots[i].key)
@@ -77,22 +71,8 @@ int gm_ptrmap_put(gm_ptrmap_t *m, uintptr_t key, uintptr_t value) {
     return GM_OK;
 }
 
-int gm_ptrmap_get(const gm_ptrmap_t *m, uintptr_t key, uintptr_t *value) {
-    size_t i = slot_of(m, key);
-    for (;;) {
-        uintptr_t k = m->slots[i].key;
-        if (!k) /* checked first: key 0 is the empty slot, never an entry */
-            return 0;
-        if (k == key) {
-            *value = m->slots[i].value;
-            return 1;
-        }
-        i = (i + 1) & m->mask;
-    }
-}
-
 int gm_ptrmap_del(gm_ptrmap_t *m, uintptr_t key, uintptr_t *value) {
-    size_t i = slot_of(m, key);
+    size_t i = gm_ptrmap_slot_of(m, key);
     for (;;) {
         uintptr_t k = m->slots[i].key;
         if (!k)
@@ -106,7 +86,7 @@ int gm_ptrmap_del(gm_ptrmap_t *m, uintptr_t key, uintptr_t *value) {
     /* Backward-shift: move later entries of the probe run into the hole. */
     size_t hole = i;
     for (size_t j = (i + 1) & m->mask; m->slots[j].key; j = (j + 1) & m->mask) {
-        size_t home = slot_of(m, m->slots[j].key);
+        size_t home = gm_ptrmap_slot_of(m, m->slots[j].key);
         /* Entry j may move to hole if home is not in (hole, j] cyclically. */
         int movable = (hole <= j) ? (home <= hole || home > j) : (home <= hole && home > j);
         if (movable) {

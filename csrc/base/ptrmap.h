@@ -27,13 +27,37 @@ typedef struct gm_ptrmap {
 
 int gm_ptrmap_init(gm_ptrmap_t *m, size_t initial_capacity); /* 0 or GM_ENOMEM */
 void gm_ptrmap_free(gm_ptrmap_t *m);
+int gm_ptrmap_grow_for(gm_ptrmap_t *m, size_t n);
+
 /* Make room for n more keys: after it succeeds, the next n puts of new
- * keys cannot fail. 0 or GM_ENOMEM. */
-int gm_ptrmap_reserve(gm_ptrmap_t *m, size_t n);
+ * keys cannot fail. 0 or GM_ENOMEM (inline: a check on the fast path). */
+static inline int gm_ptrmap_reserve(gm_ptrmap_t *m, size_t n) {
+    return (m->count + n) * 2 <= m->mask + 1 ? 0 : gm_ptrmap_grow_for(m, n);
+}
 /* Insert or overwrite. 0, GM_ENOMEM, or GM_EINVAL for key 0. */
 int gm_ptrmap_put(gm_ptrmap_t *m, uintptr_t key, uintptr_t value);
-/* 1 and *value if found, else 0. */
-int gm_ptrmap_get(const gm_ptrmap_t *m, uintptr_t key, uintptr_t *value);
+/* The home slot of a key. Addresses are 512-byte aligned in practice, so
+ * the hash multiplies by a 64-bit odd constant and takes high bits, which
+ * spreads aligned keys well. */
+static inline size_t gm_ptrmap_slot_of(const gm_ptrmap_t *m, uintptr_t key) {
+    uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 29) & m->mask;
+}
+
+/* 1 and *value if found, else 0 (inline: every free looks its block up). */
+static inline int gm_ptrmap_get(const gm_ptrmap_t *m, uintptr_t key, uintptr_t *value) {
+    size_t i = gm_ptrmap_slot_of(m, key);
+    for (;;) {
+        uintptr_t k = m->slots[i].key;
+        if (!k) /* checked first: key 0 is the empty slot, never an entry */
+            return 0;
+        if (k == key) {
+            *value = m->slots[i].value;
+            return 1;
+        }
+        i = (i + 1) & m->mask;
+    }
+}
 /* 1 and *value if removed, else 0. */
 int gm_ptrmap_del(gm_ptrmap_t *m, uintptr_t key, uintptr_t *value);
 

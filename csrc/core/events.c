@@ -10,12 +10,15 @@
  * in order. Event handles come from the backend, created once and reused.
  * Everything here runs under the allocator lock.
  */
+#include "events.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc_internal.h"
+#include "pool.h"
+#include "stats.h"
 
-int gm_record_use_unlocked(gm_alloc_t *a, gm_block_t *b, uintptr_t stream) {
+int gm_events_record_use_unlocked(gm_alloc_t *a, gm_block_t *b, uintptr_t stream) {
     (void)a;
     for (uint32_t i = 0; i < b->n_uses; i++)
         if (b->uses[i] == stream)
@@ -36,18 +39,18 @@ int gm_record_use_unlocked(gm_alloc_t *a, gm_block_t *b, uintptr_t stream) {
 }
 
 static gm_event_queue_t *queue_for(gm_alloc_t *a, uintptr_t stream) {
-    for (size_t i = 0; i < a->n_queues; i++)
-        if (a->queues[i].stream == stream)
-            return &a->queues[i];
-    if (a->n_queues == a->cap_queues) {
-        size_t cap = a->cap_queues ? a->cap_queues * 2 : 4;
-        gm_event_queue_t *q = realloc(a->queues, cap * sizeof *q);
+    for (size_t i = 0; i < a->events.n_queues; i++)
+        if (a->events.queues[i].stream == stream)
+            return &a->events.queues[i];
+    if (a->events.n_queues == a->events.cap_queues) {
+        size_t cap = a->events.cap_queues ? a->events.cap_queues * 2 : 4;
+        gm_event_queue_t *q = realloc(a->events.queues, cap * sizeof *q);
         if (!q)
             return NULL;
-        a->queues = q;
-        a->cap_queues = cap;
+        a->events.queues = q;
+        a->events.cap_queues = cap;
     }
-    gm_event_queue_t *q = &a->queues[a->n_queues++];
+    gm_event_queue_t *q = &a->events.queues[a->events.n_queues++];
     memset(q, 0, sizeof *q);
     q->stream = stream;
     return q;
@@ -73,25 +76,25 @@ static int queue_push(gm_event_queue_t *q, uintptr_t event, gm_block_t *b) {
 }
 
 static int event_get(gm_alloc_t *a, uintptr_t *ev) {
-    if (a->n_event_pool) {
-        *ev = a->event_pool[--a->n_event_pool];
+    if (a->events.n_pool) {
+        *ev = a->events.pool[--a->events.n_pool];
         return GM_OK;
     }
     return a->be->event_create(a->be->ctx, a->device, ev);
 }
 
 static void event_put(gm_alloc_t *a, uintptr_t ev) {
-    if (a->n_event_pool == a->cap_event_pool) {
-        size_t cap = a->cap_event_pool ? a->cap_event_pool * 2 : 16;
-        uintptr_t *p = realloc(a->event_pool, cap * sizeof *p);
+    if (a->events.n_pool == a->events.cap_pool) {
+        size_t cap = a->events.cap_pool ? a->events.cap_pool * 2 : 16;
+        uintptr_t *p = realloc(a->events.pool, cap * sizeof *p);
         if (!p) {
             a->be->event_destroy(a->be->ctx, a->device, ev);
             return;
         }
-        a->event_pool = p;
-        a->cap_event_pool = cap;
+        a->events.pool = p;
+        a->events.cap_pool = cap;
     }
-    a->event_pool[a->n_event_pool++] = ev;
+    a->events.pool[a->events.n_pool++] = ev;
 }
 
 /* Record an end-of-life event for one stream use, or, if no event can be
@@ -115,7 +118,7 @@ static int insert_event(gm_alloc_t *a, gm_block_t *b, uintptr_t stream) {
 /* Move the block's stream uses into recorded events. A use that could be
  * neither recorded nor waited for leaves the block pending forever (its
  * memory is lost, never reused unsafely) and the error is returned. */
-int gm_insert_events_unlocked(gm_alloc_t *a, gm_block_t *b) {
+int gm_events_insert_unlocked(gm_alloc_t *a, gm_block_t *b) {
     int first = GM_OK;
     for (uint32_t i = 0; i < b->n_uses; i++) {
         int rc = insert_event(a, b, b->uses[i]);
@@ -123,7 +126,7 @@ int gm_insert_events_unlocked(gm_alloc_t *a, gm_block_t *b) {
             if (first == GM_OK)
                 first = rc;
             b->event_count++; /* never completes: see above */
-            a->n_stuck_events++;
+            a->events.n_stuck++;
         }
     }
     b->n_uses = 0;
@@ -134,12 +137,12 @@ static void event_done(gm_alloc_t *a, gm_event_item_t *it, uint32_t ctx) {
     event_put(a, it->event);
     gm_block_t *b = it->block;
     if (--b->event_count == 0)
-        gm_free_block_unlocked(a, b, ctx);
+        gm_pool_return_unlocked(a, b, ctx);
 }
 
-int gm_process_events_unlocked(gm_alloc_t *a, uint32_t ctx) {
-    for (size_t i = 0; i < a->n_queues; i++) {
-        gm_event_queue_t *q = &a->queues[i];
+int gm_events_poll_unlocked(gm_alloc_t *a, uint32_t ctx) {
+    for (size_t i = 0; i < a->events.n_queues; i++) {
+        gm_event_queue_t *q = &a->events.queues[i];
         while (q->len) {
             gm_event_item_t it = q->items[q->head];
             int rc = a->be->event_query(a->be->ctx, a->device, it.event);
@@ -155,10 +158,10 @@ int gm_process_events_unlocked(gm_alloc_t *a, uint32_t ctx) {
     return GM_OK;
 }
 
-int gm_sync_all_events_unlocked(gm_alloc_t *a, uint32_t ctx) {
-    a->stats.num_sync_all_streams++;
-    for (size_t i = 0; i < a->n_queues; i++) {
-        gm_event_queue_t *q = &a->queues[i];
+int gm_events_sync_all_unlocked(gm_alloc_t *a, uint32_t ctx) {
+    gm_stats_sync_all_streams(a);
+    for (size_t i = 0; i < a->events.n_queues; i++) {
+        gm_event_queue_t *q = &a->events.queues[i];
         while (q->len) {
             gm_event_item_t it = q->items[q->head];
             int rc = a->be->event_synchronize(a->be->ctx, a->device, it.event);
@@ -173,8 +176,8 @@ int gm_sync_all_events_unlocked(gm_alloc_t *a, uint32_t ctx) {
 }
 
 void gm_events_destroy_unlocked(gm_alloc_t *a) {
-    for (size_t i = 0; i < a->n_queues; i++) {
-        gm_event_queue_t *q = &a->queues[i];
+    for (size_t i = 0; i < a->events.n_queues; i++) {
+        gm_event_queue_t *q = &a->events.queues[i];
         for (size_t k = 0; k < q->len; k++) {
             gm_event_item_t *it = &q->items[(q->head + k) % q->cap];
             a->be->event_destroy(a->be->ctx, a->device, it->event);
@@ -182,12 +185,12 @@ void gm_events_destroy_unlocked(gm_alloc_t *a) {
         }
         free(q->items);
     }
-    free(a->queues);
-    a->queues = NULL;
-    a->n_queues = a->cap_queues = 0;
-    for (size_t i = 0; i < a->n_event_pool; i++)
-        a->be->event_destroy(a->be->ctx, a->device, a->event_pool[i]);
-    free(a->event_pool);
-    a->event_pool = NULL;
-    a->n_event_pool = a->cap_event_pool = 0;
+    free(a->events.queues);
+    a->events.queues = NULL;
+    a->events.n_queues = a->events.cap_queues = 0;
+    for (size_t i = 0; i < a->events.n_pool; i++)
+        a->be->event_destroy(a->be->ctx, a->device, a->events.pool[i]);
+    free(a->events.pool);
+    a->events.pool = NULL;
+    a->events.n_pool = a->events.cap_pool = 0;
 }

@@ -26,14 +26,20 @@
  *   (segment.*) exclude expandable segments, as in torch; their memory is
  *   in reserved_bytes.
  */
+#include "expandable.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc_internal.h"
+#include "pool.h"
+#include "stats.h"
+#include "trace.h"
 
 static int recycle_holes(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_t size,
                          uint32_t ctx);
 
+/* The first run of free (+ unmapped) space on `stream` large enough for
+ * `size` bytes, or a new reserved range. */
 static gm_block_t *find_expandable_block(gm_alloc_t *a, uintptr_t stream, gm_pool_t *pool,
                                          size_t size, int *rc) {
     gm_block_t key;
@@ -41,7 +47,7 @@ static gm_block_t *find_expandable_block(gm_alloc_t *a, uintptr_t stream, gm_poo
     key.ptr = 0;
     for (gm_tree_node_t *n = gm_tree_lower_bound(&pool->unmapped, &key.node); n;
          n = gm_tree_next(n)) {
-        gm_block_t *c = (gm_block_t *)(void *)n;
+        gm_block_t *c = gm_block_of(n);
         if (c->stream != stream)
             break;
         /* A free block right before the unmapped range counts too. */
@@ -67,7 +73,7 @@ static gm_block_t *find_expandable_block(gm_alloc_t *a, uintptr_t stream, gm_poo
     }
     es->n_granules = va_size / g;
     es->mapped = calloc(es->n_granules, 1);
-    gm_block_t *c = gm_block_new_unlocked(a, 0, va_size, stream, pool);
+    gm_block_t *c = gm_block_new_unlocked(a, 0, va_size, stream, pool, es, 0);
     if (!es->mapped || !c) {
         free(es->mapped);
         free(es);
@@ -89,9 +95,7 @@ static gm_block_t *find_expandable_block(gm_alloc_t *a, uintptr_t stream, gm_poo
     es->next_seg = a->expsegs;
     a->expsegs = es;
     c->ptr = es->va;
-    c->mapped = 0;
-    c->expseg = es;
-    gm_unmapped_insert_unlocked(pool, c);
+    gm_pool_insert_unmapped_unlocked(c);
     return c;
 }
 
@@ -103,48 +107,34 @@ static int map_block(gm_alloc_t *a, gm_block_t *to_map, size_t size, uint32_t ct
     size_t end = (to_map->ptr + size - es->va + g - 1) / g;
     uintptr_t range = es->va + begin * g;
     size_t mapped = (end - begin) * g;
+    gm_block_t *rem = NULL;
+    if (mapped < to_map->size &&
+        !(rem = gm_block_new_unlocked(a, to_map->ptr + mapped, to_map->size - mapped,
+                                      to_map->stream, to_map->pool, es, 0)))
+        return GM_ENOMEM;
     int rc = a->be->map(a->be->ctx, a->device, range, mapped);
-    if (rc == GM_EOOM)
-        return 0;
-    if (rc)
-        return rc;
+    if (rc) {
+        if (rem)
+            gm_block_delete_unlocked(a, rem);
+        return rc == GM_EOOM ? 0 : rc;
+    }
     memset(es->mapped + begin, 1, end - begin);
 
-    gm_pool_t *pool = to_map->pool;
-    gm_unmapped_erase_unlocked(pool, to_map);
+    gm_pool_remove_unlocked(to_map);
     to_map->mapped = 1;
-    if (mapped < to_map->size) {
-        gm_block_t *rem = gm_block_new_unlocked(a, to_map->ptr + mapped, to_map->size - mapped,
-                                                to_map->stream, pool);
-        if (!rem) {
-            a->be->unmap(a->be->ctx, a->device, range, mapped);
-            memset(es->mapped + begin, 0, end - begin);
-            to_map->mapped = 0;
-            gm_unmapped_insert_unlocked(pool, to_map);
-            return GM_ENOMEM;
-        }
-        rem->mapped = 0;
-        rem->expseg = es;
-        rem->prev = to_map;
-        rem->next = to_map->next;
-        if (rem->next)
-            rem->next->prev = rem;
-        to_map->next = rem;
+    if (rem) {
         to_map->size = mapped;
-        gm_unmapped_insert_unlocked(pool, rem);
+        gm_block_link_after(to_map, rem);
+        gm_pool_insert_unmapped_unlocked(rem);
     }
-    gm_try_merge_unlocked(a, to_map, to_map->prev);
-    gm_try_merge_unlocked(a, to_map, to_map->next);
-    gm_pool_insert_unlocked(pool, to_map);
+    gm_pool_try_merge_unlocked(a, to_map, to_map->prev, NULL);
+    gm_pool_try_merge_unlocked(a, to_map, to_map->next, NULL);
+    gm_pool_insert_free_unlocked(to_map);
 
-    a->total_allocated_memory += mapped;
-    int t = gm_pool_type(pool);
-    gm_stat_inc(&a->stats.reserved_bytes[GM_STAT_ALL], (int64_t)mapped);
-    gm_stat_inc(&a->stats.reserved_bytes[t], (int64_t)mapped);
-    a->stats.num_device_alloc++;
+    gm_stats_segment_mapped(a, to_map->pool, mapped, NULL);
     gm_trace_unlocked(a, GM_ACT_SEGMENT_MAP, range, mapped, to_map->stream, ctx);
-    if (!to_map->prev && !to_map->seg_ctx)
-        to_map->seg_ctx = ctx;
+    if (!to_map->prev && !to_map->seg.ctx)
+        to_map->seg.ctx = ctx;
     return 1;
 }
 
@@ -170,16 +160,9 @@ int gm_expandable_alloc_unlocked(gm_alloc_t *a, uintptr_t stream, gm_pool_t *poo
             return rc;
         c = nc; /* map_block merged c into nc */
     }
-    gm_pool_erase_unlocked(pool, c);
+    gm_pool_remove_unlocked(c);
     *out = c;
     return 1;
-}
-
-static gm_block_t *new_free_piece(gm_alloc_t *a, gm_block_t *b, uintptr_t ptr, size_t size) {
-    gm_block_t *f = gm_block_new_unlocked(a, ptr, size, b->stream, b->pool);
-    if (f)
-        f->expseg = b->expseg;
-    return f;
 }
 
 /* Unmap the wholly free granules of free block b; with max_granules > 0,
@@ -197,8 +180,8 @@ static int unmap_part(gm_alloc_t *a, gm_block_t *b, size_t max_granules, uint32_
     size_t size = (end - begin) * g;
     size_t before = range - b->ptr, after = b->size - before - size;
     gm_block_t *bf = NULL, *af = NULL;
-    if ((before && !(bf = new_free_piece(a, b, b->ptr, before))) ||
-        (after && !(af = new_free_piece(a, b, range + size, after)))) {
+    if ((before && !(bf = gm_block_new_unlocked(a, b->ptr, before, b->stream, b->pool, es, 1))) ||
+        (after && !(af = gm_block_new_unlocked(a, range + size, after, b->stream, b->pool, es, 1)))) {
         if (bf)
             gm_block_delete_unlocked(a, bf);
         return GM_ENOMEM;
@@ -217,48 +200,30 @@ static int unmap_part(gm_alloc_t *a, gm_block_t *b, size_t max_granules, uint32_
         return rc;
     }
     memset(es->mapped + begin, 0, end - begin);
-    gm_pool_t *pool = b->pool;
-    gm_pool_erase_unlocked(pool, b);
-    if (bf) {
-        bf->prev = b->prev;
-        if (bf->prev)
-            bf->prev->next = bf;
-        else {
-            bf->seg_ctx = b->seg_ctx;
-            b->seg_ctx = 0;
-        }
-        bf->next = b;
-        b->prev = bf;
-        gm_pool_insert_unlocked(pool, bf);
-    }
-    if (af) {
-        af->next = b->next;
-        if (af->next)
-            af->next->prev = af;
-        af->prev = b;
-        b->next = af;
-        gm_pool_insert_unlocked(pool, af);
-    }
+    gm_pool_remove_unlocked(b);
     b->ptr = range;
     b->size = size;
     b->mapped = 0;
-    gm_try_merge_unlocked(a, b, b->prev);
-    gm_try_merge_unlocked(a, b, b->next);
-    gm_unmapped_insert_unlocked(pool, b);
+    if (bf) {
+        gm_block_link_before(bf, b);
+        gm_pool_insert_free_unlocked(bf);
+    }
+    if (af) {
+        gm_block_link_after(b, af);
+        gm_pool_insert_free_unlocked(af);
+    }
+    gm_pool_try_merge_unlocked(a, b, b->prev, NULL);
+    gm_pool_try_merge_unlocked(a, b, b->next, NULL);
+    gm_pool_insert_unmapped_unlocked(b);
 
-    a->total_allocated_memory -= size;
-    int t = gm_pool_type(pool);
-    gm_stat_dec(&a->stats.reserved_bytes[GM_STAT_ALL], (int64_t)size);
-    gm_stat_dec(&a->stats.reserved_bytes[t], (int64_t)size);
-    a->stats.num_device_free++;
-    gm_trace_unlocked(a, GM_ACT_SEGMENT_UNMAP, range, size, b->stream, ctx ? ctx : b->seg_ctx);
+    gm_stats_segment_unmapped(a, b->pool, size, NULL);
+    gm_trace_unlocked(a, GM_ACT_SEGMENT_UNMAP, range, size, b->stream, ctx ? ctx : b->seg.ctx);
     return GM_OK;
 }
 
-int gm_unmap_block_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
+int gm_expandable_unmap_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
     return unmap_part(a, b, 0, ctx);
 }
-
 static int by_size_desc(const void *x, const void *y) {
     size_t a = (*(gm_block_t *const *)x)->size, b = (*(gm_block_t *const *)y)->size;
     return a < b ? 1 : a > b ? -1 : 0;
@@ -275,7 +240,7 @@ static int recycle_holes(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_
     gm_block_t **cand = NULL;
     size_t cap = 0;
     for (gm_tree_node_t *nd = gm_tree_first(&pool->blocks); nd; nd = gm_tree_next(nd)) {
-        gm_block_t *b = (gm_block_t *)(void *)nd;
+        gm_block_t *b = gm_block_of(nd);
         if (!b->expseg || b->stream != stream || (b->prev && !b->prev->mapped) ||
             (b->next && !b->next->mapped) || b->size < g)
             continue;
@@ -297,9 +262,9 @@ static int recycle_holes(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_
         qsort(cand, n, sizeof *cand, by_size_desc);
     int rc = GM_OK;
     for (size_t i = 0; i < n && need > 0 && rc == GM_OK; i++) {
-        size_t before = a->total_allocated_memory;
+        size_t before = gm_reserved_bytes(a);
         rc = unmap_part(a, cand[i], need, ctx);
-        size_t got = (before - a->total_allocated_memory) / g;
+        size_t got = (before - gm_reserved_bytes(a)) / g;
         need = got >= need ? 0 : need - got;
     }
     free(cand);
@@ -314,12 +279,13 @@ static void unlink_expseg(gm_alloc_t *a, gm_expseg_t *es) {
         }
 }
 
-int gm_release_expseg_unlocked(gm_alloc_t *a, gm_block_t *b) {
+int gm_expandable_release_unlocked(gm_alloc_t *a, gm_block_t *b) {
     gm_expseg_t *es = b->expseg;
+    GM_ASSERT(!b->mapped && !b->prev && !b->next, "releasing a range that is not wholly unmapped");
     int rc = a->be->va_free(a->be->ctx, a->device, es->va, es->va_size);
     if (rc)
         return rc;
-    gm_unmapped_erase_unlocked(b->pool, b);
+    gm_pool_remove_unlocked(b);
     gm_block_delete_unlocked(a, b);
     unlink_expseg(a, es);
     free(es->mapped);
@@ -333,13 +299,9 @@ void gm_expandable_destroy_unlocked(gm_alloc_t *a) {
     gm_pool_t *pools[2] = {&a->small_pool, &a->large_pool};
     for (int i = 0; i < 2; i++) {
         gm_tree_node_t *n;
-        while ((n = gm_tree_first(&pools[i]->blocks))) {
-            gm_pool_erase_unlocked(pools[i], (gm_block_t *)(void *)n);
-            gm_block_delete_unlocked(a, (gm_block_t *)(void *)n);
-        }
-        while ((n = gm_tree_first(&pools[i]->unmapped))) {
-            gm_unmapped_erase_unlocked(pools[i], (gm_block_t *)(void *)n);
-            gm_block_delete_unlocked(a, (gm_block_t *)(void *)n);
+        while ((n = gm_tree_first(&pools[i]->blocks)) || (n = gm_tree_first(&pools[i]->unmapped))) {
+            gm_pool_remove_unlocked(gm_block_of(n));
+            gm_block_delete_unlocked(a, gm_block_of(n));
         }
     }
     while (a->expsegs) {

@@ -1,6 +1,6 @@
 /*
- * settings.c - allocator settings and action names: small pure functions
- * with no allocator state.
+ * settings.c - allocator settings: defaults and validation. Pure functions
+ * with no allocator state (alloc.c applies settings to an allocator).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -34,14 +34,4 @@ int gm_settings_validate(const gm_settings_t *s, char *msg, size_t msglen) {
             return fail(msg, msglen, "roundup_power2_divisions must be powers of two");
     }
     return GM_OK;
-}
-
-static const char *const action_names[GM_ACT_COUNT] = {
-    "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
-    "segment_map", "segment_unmap",  "snapshot",       "oom"};
-
-const char *gm_action_name(int action) {
-    if (action < 0 || action >= GM_ACT_COUNT)
-        return "unknown";
-    return action_names[action];
 }

@@ -223,6 +223,41 @@ TEST(stats_oversize_with_max_split_size) {
     fx_close(&fx);
 }
 
+/* Whether a block or segment is oversize is decided when it is allocated
+ * or created and kept on it: changing max_split_size while blocks are live
+ * never makes the oversize stats go negative or disagree with the blocks. */
+TEST(stats_oversize_survives_max_split_change) {
+    gm_settings_t st = settings_with(0);
+    fx_t fx;
+    REQUIRE(fx_open(&fx, NULL, &st) == 0);
+    /* Allocated while unlimited: not oversize. */
+    uintptr_t p = MALLOC(&fx, 40 * MiB, S1);
+    gm_settings_t lowered = st;
+    lowered.max_split_size = 32 * MiB;
+    REQUIRE(gm_alloc_set_settings(fx.a, &lowered) == 0);
+    CHECK_EQ(fx_stats(&fx).max_split_size, 32 * MiB);
+    FREE(&fx, p);
+    gm_stats_t s = fx_stats(&fx);
+    CHECK_STAT(s.oversize_allocations, 0, 0, 0, 0);
+    CHECK_STAT(s.oversize_segments, 0, 0, 0, 0);
+    CHECK_ALLOC(&fx);
+    /* Created while limited: oversize, also after the limit is lifted. */
+    uintptr_t q = MALLOC(&fx, 50 * MiB, S1);
+    s = fx_stats(&fx);
+    CHECK_STAT(s.oversize_allocations, 1, 1, 1, 0);
+    CHECK_STAT(s.oversize_segments, 1, 1, 1, 0);
+    REQUIRE(gm_alloc_set_settings(fx.a, &st) == 0);
+    CHECK_EQ(fx_stats(&fx).max_split_size, -1);
+    FREE(&fx, q);
+    CHECK_ALLOC(&fx);
+    CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), 0);
+    s = fx_stats(&fx);
+    CHECK_STAT(s.oversize_allocations, 0, 1, 1, 1);
+    CHECK_STAT(s.oversize_segments, 0, 1, 1, 1);
+    CHECK_EQ(s.segment[GM_STAT_ALL].current, 0);
+    fx_close(&fx);
+}
+
 TEST(stats_max_split_releases_oversize_blocks_first) {
     /* release_available_cached_blocks: with max_split_size set, a refused
      * device allocation first frees the smallest cached oversize block that

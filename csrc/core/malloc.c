@@ -1,0 +1,257 @@
+/*
+ * malloc.c - the allocator's operations on blocks: malloc (search, new
+ * segment, release-and-retry, out of memory), free, record_stream,
+ * block_size, and polling or waiting for events (gm_alloc.h).
+ *
+ * Policy is PyTorch's CUDACachingAllocator: best fit from the pool of the
+ * request's size class on the request's stream; otherwise a new segment
+ * (or expandable growth); otherwise release cached oversize blocks and
+ * retry; otherwise release everything cached and retry once more; otherwise
+ * out of memory, reported with the facts torch's message gives.
+ * Every function takes the allocator lock and never the GIL.
+ * Must not: abort, call Python, or call the backend without the lock.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "events.h"
+#include "expandable.h"
+#include "pool.h"
+#include "release.h"
+#include "segment.h"
+#include "sizes.h"
+#include "stats.h"
+#include "trace.h"
+
+typedef struct request {
+    size_t size;       /* rounded */
+    size_t alloc_size; /* segment size if a new one is needed */
+    uintptr_t stream;
+    gm_pool_t *pool;
+    gm_block_t *block; /* the block found or made, in no tree */
+    int limit_hit;
+} request_t;
+
+/* New device memory for the request. 1 on success, 0 when out of memory
+ * (the device's or the limit's), <0 on other errors. */
+static int alloc_block(gm_alloc_t *a, request_t *r, int is_retry, uint32_t ctx) {
+    if (is_retry)
+        gm_stats_alloc_retry(a);
+    if (a->set_fraction && gm_reserved_bytes(a) + r->alloc_size > a->allowed_memory_maximum) {
+        r->limit_hit = 1;
+        return 0;
+    }
+    if (gm_expandable_on(a))
+        return gm_expandable_alloc_unlocked(a, r->stream, r->pool, r->size, ctx, &r->block);
+    return gm_segment_alloc_unlocked(a, r->pool, r->stream, r->alloc_size, ctx, &r->block);
+}
+
+static int should_split(const gm_alloc_t *a, const gm_block_t *b, size_t size) {
+    size_t remaining = b->size - size;
+    if (b->pool->is_small || a->settings.expandable_segments)
+        return remaining >= GM_MIN_BLOCK_SIZE;
+    return !gm_size_is_oversize(&a->settings, size) && remaining > GM_SMALL_SIZE;
+}
+
+/* Hand out the found block, split if the rest is worth keeping. The active
+ * map has room for one more entry (reserved by the caller). */
+static int alloc_found_block(gm_alloc_t *a, request_t *r, size_t orig_size, uint32_t ctx,
+                             uintptr_t *out_ptr) {
+    gm_block_t *b = r->block;
+    GM_ASSERT(b->size >= r->size && b->in_tree == GM_IN_NONE && b->mapped,
+              "found block cannot serve");
+    gm_split_delta_t d = {0, 0};
+    gm_split_count(&d, b, -1);
+    if (should_split(a, b, r->size)) {
+        gm_block_t *rem = b;
+        b = gm_block_new_unlocked(a, rem->ptr, r->size, rem->stream, rem->pool, rem->expseg, 1);
+        if (!b) {
+            gm_pool_insert_free_unlocked(rem);
+            return GM_ENOMEM;
+        }
+        rem->ptr += r->size;
+        rem->size -= r->size;
+        gm_block_link_before(b, rem);
+        gm_pool_insert_free_unlocked(rem);
+        gm_split_count(&d, rem, +1);
+    }
+    b->allocated = 1;
+    b->requested_size = orig_size;
+    b->oversize = (uint8_t)gm_size_is_oversize(&a->settings, b->size);
+    b->ctx = ctx;
+    int rc = gm_ptrmap_put(&a->active, b->ptr, (uintptr_t)b);
+    GM_ASSERT(rc == GM_OK, "the active map had room reserved");
+    (void)rc;
+    gm_trace_unlocked(a, GM_ACT_ALLOC, b->ptr, orig_size, b->stream, ctx);
+    gm_stats_block_allocated(a, b, &d);
+    *out_ptr = b->ptr;
+    return GM_OK;
+}
+
+static void fill_oom(gm_alloc_t *a, const request_t *r, size_t orig, size_t dev_free,
+                     size_t dev_total, gm_oom_info_t *oom) {
+    memset(oom, 0, sizeof *oom);
+    oom->requested = orig;
+    oom->rounded = r->size;
+    oom->alloc_size = r->alloc_size;
+    oom->device_total = dev_total;
+    oom->device_free = dev_free;
+    oom->allocated = (size_t)a->stats.allocated_bytes[GM_STAT_ALL].current;
+    oom->reserved = gm_reserved_bytes(a);
+    oom->reserved_unallocated = oom->reserved - oom->allocated;
+    oom->allowed = a->set_fraction ? a->allowed_memory_maximum : 0;
+    oom->limit_hit = r->limit_hit;
+}
+
+/* Find or make a block for r: 1, 0 (out of memory) or <0. */
+static int find_or_make(gm_alloc_t *a, request_t *r, uint32_t ctx) {
+    if ((r->block = gm_pool_find_free_unlocked(a, r->pool, r->stream, r->size)))
+        return 1;
+    if (a->set_fraction && a->settings.garbage_collection_threshold > 0.0)
+        gm_release_gc_unlocked(a, ctx);
+    int found = alloc_block(a, r, 0, ctx);
+    if (found == 0 && gm_release_oversize_unlocked(a, r->pool, r->stream, r->size, ctx))
+        found = alloc_block(a, r, 0, ctx);
+    if (found == 0) {
+        int rc = gm_release_all_unlocked(a, ctx);
+        found = rc == GM_OK ? alloc_block(a, r, 1, ctx) : rc;
+    }
+    return found;
+}
+
+int gm_alloc_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t ctx,
+                    uintptr_t *out_ptr, gm_oom_info_t *oom) {
+    if (!out_ptr)
+        return GM_EINVAL;
+    *out_ptr = 0;
+    if (orig_size == 0)
+        return GM_OK; /* like torch: a zero-size request gets no memory */
+    if (orig_size > ((size_t)1 << 62))
+        return GM_EINVAL;
+    gm_lock(a);
+    int rc = gm_events_process_unlocked(a, ctx);
+    if (rc == GM_OK && gm_ptrmap_reserve(&a->active, 1))
+        rc = GM_ENOMEM;
+    if (rc) {
+        gm_unlock(a);
+        return rc;
+    }
+    request_t r;
+    memset(&r, 0, sizeof r);
+    r.size = gm_sizes_round(&a->settings, orig_size);
+    r.pool = gm_pool_for_size(a, r.size);
+    r.alloc_size = gm_sizes_segment(r.size);
+    r.stream = stream;
+
+    int found = find_or_make(a, &r, ctx);
+    if (found < 0) {
+        gm_unlock(a);
+        return found;
+    }
+    if (!found) {
+        size_t dev_free = 0, dev_total = 0;
+        a->be->mem_get_info(a->be->ctx, a->device, &dev_free, &dev_total);
+        gm_trace_unlocked(a, GM_ACT_OOM, dev_free, r.size, stream, ctx);
+        gm_stats_oom(a);
+        if (oom)
+            fill_oom(a, &r, orig_size, dev_free, dev_total, oom);
+        GM_DEEP_CHECK(a);
+        gm_unlock(a);
+        return GM_EOOM;
+    }
+    rc = alloc_found_block(a, &r, orig_size, ctx, out_ptr);
+    GM_DEEP_CHECK(a);
+    gm_unlock(a);
+    return rc;
+}
+
+/* Why a pointer is not live: freed already (it lies in free memory) or
+ * never ours. */
+static int classify_unknown(gm_alloc_t *a, uintptr_t ptr) {
+    gm_pool_t *pools[2] = {&a->small_pool, &a->large_pool};
+    for (int i = 0; i < 2; i++)
+        for (gm_tree_node_t *n = gm_tree_first(&pools[i]->blocks); n; n = gm_tree_next(n))
+            if (ptr >= gm_block_of(n)->ptr && ptr < gm_block_of(n)->ptr + gm_block_of(n)->size)
+                return GM_EDOUBLEFREE;
+    return GM_ENOTFOUND;
+}
+
+/* The live (allocated) block at exactly ptr, or NULL. */
+static gm_block_t *live_block(gm_alloc_t *a, uintptr_t ptr) {
+    uintptr_t v;
+    if (!gm_ptrmap_get(&a->active, ptr, &v) || !((gm_block_t *)v)->allocated)
+        return NULL;
+    return (gm_block_t *)v;
+}
+
+int gm_alloc_free(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx) {
+    if (ptr == 0)
+        return GM_OK;
+    gm_lock(a);
+    uintptr_t v;
+    if (!gm_ptrmap_get(&a->active, ptr, &v)) {
+        int rc = classify_unknown(a, ptr);
+        gm_unlock(a);
+        return rc;
+    }
+    gm_block_t *b = (gm_block_t *)v;
+    if (!b->allocated) {
+        gm_unlock(a);
+        return GM_EDOUBLEFREE;
+    }
+    b->allocated = 0;
+    gm_stats_block_free_requested(a, b);
+    gm_trace_unlocked(a, GM_ACT_FREE_REQUESTED, b->ptr, b->requested_size, b->stream,
+                      ctx ? ctx : b->ctx);
+    int rc = GM_OK;
+    if (b->n_uses)
+        rc = gm_events_insert_unlocked(a, b);
+    if (gm_block_is_free(b))
+        gm_pool_return_unlocked(a, b, ctx);
+    GM_DEEP_CHECK(a);
+    gm_unlock(a);
+    return rc;
+}
+
+int gm_alloc_block_size(gm_alloc_t *a, uintptr_t ptr, size_t *size, size_t *requested,
+                        uintptr_t *stream) {
+    gm_lock(a);
+    gm_block_t *b = live_block(a, ptr);
+    if (b) {
+        if (size)
+            *size = b->size;
+        if (requested)
+            *requested = b->requested_size;
+        if (stream)
+            *stream = b->stream;
+    }
+    gm_unlock(a);
+    return b ? GM_OK : GM_ENOTFOUND;
+}
+
+int gm_alloc_record_stream(gm_alloc_t *a, uintptr_t ptr, uintptr_t stream) {
+    gm_lock(a);
+    gm_block_t *b = live_block(a, ptr);
+    /* Uses on the allocation stream need no synchronisation. */
+    int rc = !b ? GM_ENOTFOUND : stream == b->stream ? GM_OK
+                                                     : gm_events_record_use_unlocked(a, b, stream);
+    gm_unlock(a);
+    return rc;
+}
+
+int gm_alloc_process_events(gm_alloc_t *a, uint32_t ctx) {
+    gm_lock(a);
+    int rc = gm_events_process_unlocked(a, ctx);
+    gm_unlock(a);
+    return rc;
+}
+
+int gm_alloc_empty_cache(gm_alloc_t *a, uint32_t ctx) {
+    gm_lock(a);
+    int rc = gm_release_all_unlocked(a, ctx);
+    GM_DEEP_CHECK(a);
+    gm_unlock(a);
+    return rc;
+}

@@ -1,0 +1,23 @@
+/*
+ * release.h - giving cached memory back to the device: all of it
+ * (empty_cache and the out-of-memory retry), oversize blocks first (when a
+ * max_split_size is set), and the garbage collector
+ * (garbage_collection_threshold, with a memory limit).
+ */
+#ifndef GM_CORE_RELEASE_H
+#define GM_CORE_RELEASE_H
+
+#include "types.h"
+
+/* torch's release_available_cached_blocks: free cached oversize blocks on
+ * `stream` until `size` bytes are freed. 1 if that much went back. */
+int gm_release_oversize_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_t size,
+                                 uint32_t ctx);
+/* Wait for every event, then release every wholly free plain segment and
+ * every wholly free granule of expandable segments. */
+int gm_release_all_unlocked(gm_alloc_t *a, uint32_t ctx);
+/* Release large unsplit cached blocks older than average until the
+ * reserved memory is below the threshold of the limit. */
+void gm_release_gc_unlocked(gm_alloc_t *a, uint32_t ctx);
+
+#endif /* GM_CORE_RELEASE_H */

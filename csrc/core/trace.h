@@ -1,0 +1,18 @@
+/*
+ * trace.h - the allocator's event hook: every alloc, free, segment change
+ * and out-of-memory is reported, in torch's TraceEntry order and with
+ * torch's values, to one hook (memory history, or a test's recorder).
+ * The hook runs under the allocator lock (gm_alloc.h: gm_trace_fn).
+ */
+#ifndef GM_CORE_TRACE_H
+#define GM_CORE_TRACE_H
+
+#include "types.h"
+
+static inline void gm_trace_unlocked(gm_alloc_t *a, gm_action_t act, uintptr_t addr,
+                                     size_t size, uintptr_t stream, uint32_t ctx) {
+    if (a->trace_fn)
+        a->trace_fn(a->trace_arg, a->device, act, addr, size, stream, ctx);
+}
+
+#endif /* GM_CORE_TRACE_H */
