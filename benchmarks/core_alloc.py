@@ -1,17 +1,28 @@
 """Core allocator speed: malloc+free pairs on a warm pool, and trace replay.
 
-    python benchmarks/core_alloc.py [--json] [--snapshots DIR]
+    python benchmarks/core_alloc.py [--json] [--snapshots DIR] [--baseline REV]
 
 malloc_free_pair_ns_p50: the median over batches of the cost of one
 malloc+free pair that hits the cache (one thread, warm pool, 4 KiB and
-other sizes), timed inside C so Python's call overhead is not counted.
+other sizes), timed in C by benchmarks/c/pairs.c, which is compiled against
+this tree's csrc/ with the extension's optimisation flags (so Python's call
+overhead is not counted).
 
 replay_events_per_s: trace entries of the largest snapshot in
-../shared/snapshots consumed per second by the C replay loop, and
-replay_ops_per_s the alloc/free operations it performed per second (a
-free_requested + free_completed pair is one free op). The time excludes
-loading the pickle; replay_end_to_end_s gives load + build + replay.
-Targets (issue 2): <= 60 ns per pair, >= 5 M replayed events per second.
+../shared/snapshots consumed per second by the C replay loop
+(gpumem._C.replay), and replay_ops_per_s the alloc/free operations it
+performed per second (a free_requested + free_completed pair is one free
+op). The time excludes loading the pickle; replay_end_to_end_s gives
+load + build + replay.
+
+--baseline REV measures another revision of this repository in the same
+run: REV is exported with `git archive` into a temporary folder, its core is
+compiled into its own pairs binary and its extension built in place, and
+the two trees are measured in alternating rounds (pairs at 4 KiB, replay of
+the largest snapshot). The result's "baseline" part gives both trees'
+figures and the ratios this tree / REV.
+Targets: <= 60 ns per pair, >= 5 M replayed events per second; against a
+baseline, pair p50 within 5% and replay throughput at least as high.
 """
 
 from __future__ import annotations
@@ -19,83 +30,148 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import gpumem  # noqa: E402
-from gpumem import replay as replay_mod  # noqa: E402
-from gpumem._unpickle import load_snapshot  # noqa: E402
-
 DEFAULT_SNAPSHOTS = ROOT.parent / "shared" / "snapshots"
+PAIRS_C = ROOT / "benchmarks" / "c" / "pairs.c"
+# The extension's optimisation flags (setup.py), so the figures are the core's as shipped.
+CFLAGS = ["-std=c11", "-O2", "-D_GNU_SOURCE", "-fvisibility=hidden", "-w"]
+SIZES = {"4KiB": 4096, "512B": 512, "1MiB": 1 << 20, "8MiB": 8 << 20, "64MiB": 64 << 20}
+
+# Runs in a subprocess with one tree's gpumem first on sys.path; prints JSON.
+REPLAY_SNIPPET = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from gpumem import replay as r
+from gpumem._unpickle import load_snapshot
+t0 = time.perf_counter()
+snap = load_snapshot(sys.argv[2])
+ops = [r.build_ops(snap, d) for d in r.traced_devices(snap)]
+best = None
+for _ in range(int(sys.argv[3])):
+    events = n = ns = 0
+    for dev_ops in ops:
+        row = r.replay_device(dev_ops, r.default_conf())
+        events += dev_ops.events; n += row["ops"]; ns += row["elapsed_ns"]
+    if best is None or ns < best[2]:
+        best = (events, n, ns)
+events, n, ns = best
+print(json.dumps({"trace_events": events, "replay_ops": n,
+                  "replay_events_per_s": events / (ns / 1e9), "replay_ops_per_s": n / (ns / 1e9),
+                  "replay_end_to_end_s": time.perf_counter() - t0}))
+"""
 
 
-def pair_ns(size: int, batches: int = 200, per_batch: int = 20000) -> dict:
-    a = gpumem.Allocator(capacity=8 << 30)
-    a.bench_pairs(size, 10000)  # warm the pool: the segment is cached
-    samples = [a.bench_pairs(size, per_batch) / per_batch for _ in range(batches)]
-    return {
-        "p50": statistics.median(samples),
-        "p10": sorted(samples)[len(samples) // 10],
-        "p90": sorted(samples)[len(samples) * 9 // 10],
-    }
+def build_pairs(tree: Path, out_dir: Path) -> Path:
+    """Compile pairs.c against tree/csrc (whatever of base/, device/, core/ it has)."""
+    csrc = tree / "csrc"
+    sources = [str(p) for layer in ("base", "device", "core")
+               for p in sorted((csrc / layer).glob("*.c"))]
+    exe = out_dir / "pairs"
+    cc = os.environ.get("CC", "cc").split()
+    subprocess.run(cc + CFLAGS + ["-I", str(csrc), str(PAIRS_C), *sources, "-o", str(exe),
+                                  "-lpthread", "-ldl"], check=True)
+    return exe
 
 
-def replay_speed(path: Path, repeats: int = 5) -> dict:
-    t0 = time.perf_counter()
-    snap = load_snapshot(path)
-    devices = replay_mod.traced_devices(snap)
-    all_ops = [replay_mod.build_ops(snap, d) for d in devices]
-    best = None
-    for _ in range(repeats):
-        events = ops = ns = 0
-        for dev_ops in all_ops:
-            row = replay_mod.replay_device(dev_ops, replay_mod.default_conf())
-            events += dev_ops.events
-            ops += row["ops"]
-            ns += row["elapsed_ns"]
-        if best is None or ns < best[2]:
-            best = (events, ops, ns)
-    end_to_end = time.perf_counter() - t0
-    events, ops, ns = best
-    return {
-        "snapshot": path.name,
-        "trace_events": events,
-        "replay_ops": ops,
-        "replay_events_per_s": events / (ns / 1e9),
-        "replay_ops_per_s": ops / (ns / 1e9),
-        "replay_end_to_end_s": end_to_end,
-    }
+def run_pairs(exe: Path, size: int, batches: int, per_batch: int) -> list[float]:
+    out = subprocess.run([str(exe), str(size), str(batches), str(per_batch)], check=True,
+                         capture_output=True, text=True).stdout
+    return [float(line) for line in out.split()]
+
+
+def summary(samples: list[float]) -> dict:
+    s = sorted(samples)
+    return {"p50": statistics.median(s), "p10": s[len(s) // 10], "p90": s[len(s) * 9 // 10]}
+
+
+def run_replay(tree: Path, snapshot: Path, repeats: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", REPLAY_SNIPPET, str(tree), str(snapshot),
+                          str(repeats)], check=True, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tree)}).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def export_tree(rev: str, dest: Path) -> Path:
+    """REV of this repository, unpacked into dest, with its extension built in place."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev],
+                             check=True, capture_output=True).stdout
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest,
+                   check=True, capture_output=True)
+    return dest
+
+
+def compare(rev: str, snapshot: Path | None, rounds: int) -> dict:
+    """This tree against REV, alternating rounds."""
+    work = Path(tempfile.mkdtemp(prefix="gpumem-baseline-"))
+    try:
+        base = export_tree(rev, work / "tree")
+        trees = {"this": ROOT, "baseline": base}
+        exes = {}
+        for name, tree in trees.items():
+            (work / name).mkdir()
+            exes[name] = build_pairs(tree, work / name)
+        pairs = {name: [] for name in trees}
+        replay = {name: [] for name in trees}
+        for _ in range(rounds):
+            for name, tree in trees.items():
+                pairs[name] += run_pairs(exes[name], 4096, 20, 20000)
+                if snapshot:
+                    replay[name].append(run_replay(tree, snapshot, 3)["replay_events_per_s"])
+        res = {"rev": rev, "rounds": rounds}
+        for name in trees:
+            res[f"{name}_pair_ns_p50"] = round(summary(pairs[name])["p50"], 2)
+            if snapshot:
+                res[f"{name}_replay_events_per_s"] = round(statistics.median(replay[name]))
+        res["pair_p50_ratio"] = round(res["this_pair_ns_p50"] / res["baseline_pair_ns_p50"], 4)
+        if snapshot:
+            res["replay_ratio"] = round(res["this_replay_events_per_s"]
+                                        / res["baseline_replay_events_per_s"], 4)
+        return res
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--snapshots", default=str(DEFAULT_SNAPSHOTS), help="snapshot folder")
+    ap.add_argument("--baseline", metavar="REV", help="also measure this git revision, same run")
+    ap.add_argument("--rounds", type=int, default=7, help="alternating rounds with --baseline")
     args = ap.parse_args(argv)
-
-    out = {}
-    sizes = {"4KiB": 4096, "512B": 512, "1MiB": 1 << 20, "8MiB": 8 << 20, "64MiB": 64 << 20}
-    for name, size in sizes.items():
-        r = pair_ns(size)
-        out[f"malloc_free_pair_ns_p50_{name}"] = round(r["p50"], 1)
-        if name == "4KiB":
-            out["malloc_free_pair_ns_p50"] = round(r["p50"], 1)
-            out["malloc_free_pair_ns_p10"] = round(r["p10"], 1)
-            out["malloc_free_pair_ns_p90"] = round(r["p90"], 1)
 
     snaps = Path(args.snapshots)
     pickles = sorted(snaps.glob("*.pickle"), key=lambda p: p.stat().st_size) if snaps.is_dir() else []
-    if pickles:
-        out.update(replay_speed(pickles[-1]))
+    largest = pickles[-1] if pickles else None
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="gpumem-pairs-") as tmp:
+        exe = build_pairs(ROOT, Path(tmp))
+        for name, size in SIZES.items():
+            r = summary(run_pairs(exe, size, 200, 20000))
+            out[f"malloc_free_pair_ns_p50_{name}"] = round(r["p50"], 1)
+            if name == "4KiB":
+                out["malloc_free_pair_ns_p50"] = round(r["p50"], 1)
+                out["malloc_free_pair_ns_p10"] = round(r["p10"], 1)
+                out["malloc_free_pair_ns_p90"] = round(r["p90"], 1)
+    if largest:
+        out["snapshot"] = largest.name
+        out.update(run_replay(ROOT, largest, 5))
     else:
         out["replay_events_per_s"] = None
         out["replay_note"] = f"no snapshots at {snaps}"
-    out["targets"] = {"malloc_free_pair_ns_p50": "<= 60", "replay_events_per_s": ">= 5e6"}
+    if args.baseline:
+        out["baseline"] = compare(args.baseline, largest, args.rounds)
+    out["targets"] = {"malloc_free_pair_ns_p50": "<= 60", "replay_events_per_s": ">= 5e6",
+                      "baseline.pair_p50_ratio": "<= 1.05", "baseline.replay_ratio": ">= 1.0"}
     out["cpu_count"] = os.cpu_count()
 
     if args.json:
