@@ -161,8 +161,8 @@ def _write_stats(out: dict) -> None:
 
 def _wrap_reset_peaks() -> None:
     """Keep each device's peaks across resets (every reset goes through shim.reset_peak)."""
-    from gpumem import _torch
-    shim = _torch.shim()
+    from gpumem import _shim_state
+    shim = _shim_state.shim()
     original = shim.reset_peak
 
     def reset_peak(device: int) -> None:
@@ -173,8 +173,8 @@ def _wrap_reset_peaks() -> None:
 
 
 def _note_peaks() -> dict[int, dict[str, int]]:
-    from gpumem import _torch
-    shim = _torch.shim()
+    from gpumem import _shim_state
+    shim = _shim_state.shim()
     for d in shim.devices():
         st = shim.stats(d)
         cur = _peaks.setdefault(d, {"allocated": 0, "reserved": 0})
