@@ -71,6 +71,7 @@ from typing import Any, Optional
 
 from gpumem import history
 from gpumem._conf import ConfError
+from gpumem._rank import current_rank, rank_path
 
 __all__ = ["record", "Recorder", "RecordError", "current_rank", "rank_path", "active_recorder",
            "oom_snapshots_written", "MAX_OOM_SNAPSHOTS", "ENV_OOM_SNAPSHOT",
@@ -93,35 +94,6 @@ _STACKS = ("python", "all")
 
 class RecordError(RuntimeError):
     """gpumem.record() used in a way it does not support (see Note [Recorder rules])."""
-
-
-# ------------------------------------------------------------------ ranks
-
-def current_rank() -> Optional[int]:
-    """This process's rank: torch.distributed's if initialised, else RANK, else LOCAL_RANK."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None:
-        try:
-            if dist.is_available() and dist.is_initialized():
-                return int(dist.get_rank())
-        except Exception:  # a half-torn-down process group: fall back to the environment
-            pass
-    for var in ("RANK", "LOCAL_RANK"):
-        text = os.environ.get(var, "").strip()
-        if text.isdigit():
-            return int(text)
-    return None
-
-
-def rank_path(path: str | os.PathLike[str], rank: Optional[int] = None) -> str:
-    """``path`` with ``_rank<N>`` before its extension when a rank is known."""
-    path = os.fspath(path)
-    if rank is None:
-        rank = current_rank()
-    if rank is None:
-        return path
-    stem, ext = os.path.splitext(path)
-    return f"{stem}_rank{rank}{ext}"
 
 
 def _now_us() -> int:
