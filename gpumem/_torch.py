@@ -20,7 +20,7 @@ bad value is refused at install().  When GPUMEM_ALLOC_CONF is not set, those
 same keys are taken from PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (keys
 that only concern torch's own allocator are ignored there).
 
-install() also sets the shim's OOM hook (gpumem.record): with
+install() also sets the shim's OOM hook (gpumem._oom, for gpumem.record): with
 GPUMEM_OOM_SNAPSHOT=/dir set, every out-of-memory error of the process
 writes a snapshot into /dir before the exception reaches Python, and
 recording starts (if it is off) so that the snapshot has a history.
@@ -34,7 +34,7 @@ import sys
 import threading
 from typing import Any
 
-from gpumem import _shim_state
+from gpumem import _oom, _shim_state
 from gpumem._conf import ConfError, KEYS as CONF_KEYS, parse_conf
 from gpumem._shim_state import is_installed, shim
 
@@ -132,12 +132,10 @@ def _device_index(device: Any) -> int:
 
 
 def _check_oom_recording() -> None:
-    from gpumem.record import ENV_OOM_RECORDING, ENV_OOM_SNAPSHOT, parse_oom_recording
-    if os.environ.get(ENV_OOM_SNAPSHOT, "").strip():
-        try:
-            parse_oom_recording(os.environ.get(ENV_OOM_RECORDING))
-        except ConfError as e:
-            raise AllocConfError(str(e)) from None
+    try:
+        _oom.check_env()
+    except ConfError as e:
+        raise AllocConfError(str(e)) from None
 
 
 def _not_initialised_error() -> InstallError:
@@ -198,8 +196,7 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
                         raise _not_initialised_error() from e
                     raise
             _shim_state.set_loaded(mod, settings, source)
-        from gpumem.record import _install_oom_hook
-        _install_oom_hook(shim())  # OOM snapshots: gpumem.record and GPUMEM_OOM_SNAPSHOT
+        _oom.install_hook(shim())  # OOM snapshots: gpumem.record and GPUMEM_OOM_SNAPSHOT
         if device is not None:
             shim().ensure_device(_device_index(device))
         if patch_torch:
