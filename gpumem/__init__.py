@@ -15,6 +15,19 @@ allocation fails with out of memory (gpumem.record).
 torch; the `gpumem` command views, summarises, diffs and replays snapshots
 and runs scripts on a simulated GPU (gpumem.cli). Importing gpumem never
 imports torch.
+
+Layers import only downward.  Below, from the bottom layer up, a module
+imports only modules on earlier lines; an import deferred into a function
+counts too (tests/test_py_layers.py fails on any import cycle).
+  _C (the extension), _conf, _format, _rank, _shim_state, _shim_build,
+      _unpickle, sim
+  history, analysis, replay
+  stats, _oom, view
+  _torch
+  record
+  gpumem (this file)
+  simulate
+  cli, __main__
 """
 
 from gpumem._C import Allocator, OutOfMemoryError, format_size

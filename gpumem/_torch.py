@@ -20,7 +20,7 @@ bad value is refused at install().  When GPUMEM_ALLOC_CONF is not set, those
 same keys are taken from PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (keys
 that only concern torch's own allocator are ignored there).
 
-install() also sets the shim's OOM hook (gpumem.record): with
+install() also sets the shim's OOM hook (gpumem._oom, for gpumem.record): with
 GPUMEM_OOM_SNAPSHOT=/dir set, every out-of-memory error of the process
 writes a snapshot into /dir before the exception reaches Python, and
 recording starts (if it is off) so that the snapshot has a history.
@@ -34,7 +34,9 @@ import sys
 import threading
 from typing import Any
 
+from gpumem import _oom, _shim_state
 from gpumem._conf import ConfError, KEYS as CONF_KEYS, parse_conf
+from gpumem._shim_state import is_installed, shim
 
 __all__ = ["InstallError", "TorchMissingError", "install", "is_installed", "uninstall_patches",
            "patches_applied", "settings_in_effect", "shim", "PATCHED"]
@@ -53,10 +55,7 @@ class AllocConfError(InstallError, ValueError):
     GPUMEM_OOM_RECORDING when GPUMEM_OOM_SNAPSHOT is set, is invalid."""
 
 
-_lock = threading.RLock()
-_shim = None            # the shim module once installed (protected by: _lock)
-_settings: dict | None = None
-_conf_source = ""
+_lock = threading.RLock()   # protects install() and the patches; the shim is in _shim_state
 _originals: dict[tuple[Any, str], Any] = {}   # (module, name) -> torch's function
 _replacements: dict[tuple[Any, str], Any] = {}
 
@@ -133,12 +132,10 @@ def _device_index(device: Any) -> int:
 
 
 def _check_oom_recording() -> None:
-    from gpumem.record import ENV_OOM_RECORDING, ENV_OOM_SNAPSHOT, parse_oom_recording
-    if os.environ.get(ENV_OOM_SNAPSHOT, "").strip():
-        try:
-            parse_oom_recording(os.environ.get(ENV_OOM_RECORDING))
-        except ConfError as e:
-            raise AllocConfError(str(e)) from None
+    try:
+        _oom.check_env()
+    except ConfError as e:
+        raise AllocConfError(str(e)) from None
 
 
 def _not_initialised_error() -> InstallError:
@@ -175,9 +172,8 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
     torch's own CUDA allocator is in use.  The first call may build the
     torch shim (gpumem._shim_build) into the per-torch cache.
     """
-    global _shim, _settings, _conf_source
     with _lock:
-        if _shim is None:
+        if _shim_state.loaded() is None:
             torch = _import_torch()
             settings, source = _read_settings()
             _check_oom_recording()  # refused before anything is swapped in
@@ -199,33 +195,17 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
                     if "initialized" in str(e):
                         raise _not_initialised_error() from e
                     raise
-            _shim, _settings, _conf_source = mod, settings, source
-        from gpumem.record import _install_oom_hook
-        _install_oom_hook(_shim)  # OOM snapshots: gpumem.record and GPUMEM_OOM_SNAPSHOT
+            _shim_state.set_loaded(mod, settings, source)
+        _oom.install_hook(shim())  # OOM snapshots: gpumem.record and GPUMEM_OOM_SNAPSHOT
         if device is not None:
-            _shim.ensure_device(_device_index(device))
+            shim().ensure_device(_device_index(device))
         if patch_torch:
             _apply_patches()
 
 
-def is_installed() -> bool:
-    """True once install() has made gpumem torch's CUDA allocator."""
-    return _shim is not None and bool(_shim.is_current())
-
-
-def shim():
-    """The loaded torch shim module (internal); raises if install() has not run."""
-    if _shim is None:
-        raise RuntimeError("gpumem is not installed in torch; call gpumem.install() before the "
-                           "first CUDA tensor")
-    return _shim
-
-
 def settings_in_effect() -> tuple[dict, str]:
     """(the allocator settings dict, the variable they came from or '')."""
-    if _settings is None:
-        return _read_settings()
-    return dict(_settings), _conf_source
+    return _shim_state.settings() or _read_settings()
 
 
 # ------------------------------------------------------------- patching

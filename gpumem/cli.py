@@ -18,6 +18,7 @@ import sys
 from typing import Any, Callable
 
 from ._conf import ConfError
+from ._format import format_bytes
 from . import _shim_build
 from . import simulate as _simulate
 from ._unpickle import SnapshotError
@@ -39,20 +40,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _print_error(message: str) -> None:
     print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
-
-
-def format_bytes(n: int | None) -> str:
-    """A byte count in B, KiB, MiB or GiB, whichever keeps it below 1024 (GiB at most)."""
-    if n is None:
-        return "-"
-    if abs(n) < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if abs(value) < 1024 or unit == "GiB":
-            break
-    return f"{value:.2f} {unit}"
 
 
 # ------------------------------------------------------------------ replay

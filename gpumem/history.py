@@ -29,6 +29,8 @@ from gpumem._conf import ConfError, settings_for_snapshot
 
 __all__ = [
     "ACTIONS",
+    "CONTEXTS",
+    "STACKS",
     "HistoryConfigError",
     "recording_config",
     "write_snapshot",
@@ -51,6 +53,9 @@ PICKLE_PROTOCOL = 4
 _ENABLED = {None: 0, "state": 1, "all": 2}
 _CONTEXT = {None: 0, "state": 1, "alloc": 2, "all": 3}
 _STACKS = {"python": False, "all": True}
+#: The values record_memory_history accepts for context, and for stacks.
+CONTEXTS = tuple(_CONTEXT)
+STACKS = tuple(_STACKS)
 # torch's TraceEntry::Action order (the bit index of skip_actions).
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
            "segment_map", "segment_unmap", "snapshot", "oom")
@@ -281,15 +286,19 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def write_snapshot(snap: dict, filename: str | os.PathLike[str]) -> None:
+def write_snapshot(snap: dict, filename: str | os.PathLike[str], *,
+                   make_dirs: bool = False) -> None:
     """Pickle ``snap`` to ``filename`` atomically.
 
     The data goes to a temporary file in the same directory, is fsync'ed,
     then renamed over ``filename``: a crash mid-dump leaves either no file
-    or the previous complete one, never a truncated pickle.
+    or the previous complete one, never a truncated pickle.  make_dirs:
+    create the directory (and its parents) first if it does not exist.
     """
     path = os.fspath(filename)
     directory = os.path.dirname(os.path.abspath(path))
+    if make_dirs:
+        os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
                                dir=directory)
     try:

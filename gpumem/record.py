@@ -35,7 +35,9 @@ GPUMEM_OOM_SNAPSHOT are <dir>/oom_<host>_<pid>_<n>[_rank<N>].pickle (both
 are written when both apply, except under ``gpumem simulate``, whose own
 directory only gets the OOMs no recorder writes).  At most
 MAX_OOM_SNAPSHOTS are written per process (a script that retries smaller
-batches after each OOM would otherwise write one per try).
+batches after each OOM would otherwise write one per try).  The hook, the
+GPUMEM_OOM_SNAPSHOT directory and the cap are gpumem._oom's, which
+gpumem.install() sets up; rank numbers are gpumem._rank's.
 
 Decisions (Note [Recorder rules]):
 - Memory history is process-wide, so one recorder at a time: entering a
@@ -59,18 +61,18 @@ Decisions (Note [Recorder rules]):
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import socket
 import sys
 import threading
 import time
 import traceback
 from typing import Any, Optional
 
-from gpumem import history
-from gpumem._conf import ConfError
+from gpumem import _oom, _torch, history
+from gpumem._oom import (ENV_OOM_RECORDING, ENV_OOM_SNAPSHOT, MAX_OOM_SNAPSHOTS,
+                         oom_snapshots_written, parse_oom_recording)
+from gpumem._rank import current_rank, rank_path
 
 __all__ = ["record", "Recorder", "RecordError", "current_rank", "rank_path", "active_recorder",
            "oom_snapshots_written", "MAX_OOM_SNAPSHOTS", "ENV_OOM_SNAPSHOT",
@@ -78,50 +80,9 @@ __all__ = ["record", "Recorder", "RecordError", "current_rank", "rank_path", "ac
 
 log = logging.getLogger("gpumem")
 
-#: OOM snapshots written per process at most.
-MAX_OOM_SNAPSHOTS = 10
-#: The variable naming the directory for process-wide OOM snapshots.
-ENV_OOM_SNAPSHOT = "GPUMEM_OOM_SNAPSHOT"
-#: What GPUMEM_OOM_SNAPSHOT records when recording is off at install().
-ENV_RECORDING = {"context": "all", "stacks": "python", "max_entries": 100_000}
-#: The variable that changes ENV_RECORDING: "context:alloc,stacks:all,max_entries:20000".
-ENV_OOM_RECORDING = "GPUMEM_OOM_RECORDING"
-
-_CONTEXTS = (None, "state", "alloc", "all")
-_STACKS = ("python", "all")
-
 
 class RecordError(RuntimeError):
     """gpumem.record() used in a way it does not support (see Note [Recorder rules])."""
-
-
-# ------------------------------------------------------------------ ranks
-
-def current_rank() -> Optional[int]:
-    """This process's rank: torch.distributed's if initialised, else RANK, else LOCAL_RANK."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None:
-        try:
-            if dist.is_available() and dist.is_initialized():
-                return int(dist.get_rank())
-        except Exception:  # a half-torn-down process group: fall back to the environment
-            pass
-    for var in ("RANK", "LOCAL_RANK"):
-        text = os.environ.get(var, "").strip()
-        if text.isdigit():
-            return int(text)
-    return None
-
-
-def rank_path(path: str | os.PathLike[str], rank: Optional[int] = None) -> str:
-    """``path`` with ``_rank<N>`` before its extension when a rank is known."""
-    path = os.fspath(path)
-    if rank is None:
-        rank = current_rank()
-    if rank is None:
-        return path
-    stem, ext = os.path.splitext(path)
-    return f"{stem}_rank{rank}{ext}"
 
 
 def _now_us() -> int:
@@ -193,7 +154,6 @@ _warned_torch = False
 def _choose_backend() -> Any:
     """gpumem's history, installing gpumem first; torch's when torch's allocator is in use."""
     global _warned_torch
-    from gpumem import _torch
     if _torch.is_installed():
         return _GPUMEM
     try:
@@ -212,7 +172,7 @@ def _choose_backend() -> Any:
             log.warning("gpumem.record(): torch's CUDA allocator is already in use (a CUDA tensor "
                         "was created before), so torch's own memory recorder is used; call "
                         "gpumem.install() right after `import torch` to record with gpumem")
-        _attach_torch_observer(torch)
+        _oom.attach_torch_observer(torch)
         return _TorchBackend(torch)
 
 
@@ -225,6 +185,9 @@ _active: Optional["Recorder"] = None  # protected by: _lock
 def active_recorder() -> Optional["Recorder"]:
     """The recorder currently between start() and stop(), or None."""
     return _active
+
+
+_oom.set_recorder_lookup(active_recorder)   # where the OOM hook finds dump_on_oom recorders
 
 
 class Recorder:
@@ -250,9 +213,9 @@ class Recorder:
             path = os.path.join(path, "memory.pickle")
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"max_entries must be a positive int, not {max_entries!r}")
-        if context not in _CONTEXTS:
-            raise ValueError(f"context must be one of {_CONTEXTS}, not {context!r}")
-        if stacks not in _STACKS:
+        if context not in history.CONTEXTS:
+            raise ValueError(f"context must be one of {history.CONTEXTS}, not {context!r}")
+        if stacks not in history.STACKS:
             raise ValueError(f"stacks must be 'python' or 'all', not {stacks!r}")
         for name, v in (("start_step", start_step), ("stop_step", stop_step)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -389,7 +352,7 @@ class Recorder:
         if self.step_index or self.start_step or self.stop_step:
             _add_markers(snap, self._markers)
         out = rank_path(target)
-        _write(snap, out)
+        history.write_snapshot(snap, out, make_dirs=True)
         self.written.append(out)
         log.info("gpumem: memory snapshot written to %s", out)
         return out
@@ -445,199 +408,3 @@ def _add_markers(snap: dict, markers: list[tuple[int, str]]) -> None:
     for t, label in markers:
         for d in devices:
             ann.append({"device": d, "time_us": t, "stage": "START", "name": label})
-
-
-def _write(snap: dict, path: str) -> None:
-    directory = os.path.dirname(path)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-    history.write_snapshot(snap, path)
-
-
-# ------------------------------------------------------------ OOM snapshots
-
-_env_dir: Optional[str] = None            # GPUMEM_OOM_SNAPSHOT, once armed by install()
-_env_fallback_only = False                # gpumem simulate's --out: not when a recorder writes
-_oom_lock = threading.Lock()              # serialises OOM snapshots
-_oom_written: list[str] = []              # protected by: _oom_lock
-_oom_count = 0                            # protected by: _oom_lock
-_hooked: set[int] = set()                 # id() of shims whose hook is set
-_torch_observer_attached = False
-
-
-def oom_snapshots_written() -> list[str]:
-    """Every OOM snapshot file this process wrote, oldest first."""
-    with _oom_lock:
-        return list(_oom_written)
-
-
-def _env_path(n: int) -> str:
-    host = socket.gethostname().split(".")[0] or "host"
-    return rank_path(os.path.join(_env_dir or ".", f"oom_{host}_{os.getpid()}_{n}.pickle"))
-
-
-def _has_oom_target() -> bool:
-    rec = _active
-    return _env_dir is not None or (rec is not None and rec.dump_on_oom)
-
-
-def _python_frames() -> list[dict]:
-    """The calling thread's Python stack, innermost first, as snapshot frames."""
-    here = os.path.abspath(__file__)
-    stack = traceback.StackSummary.extract(traceback.walk_stack(None), lookup_lines=False)
-    return [{"filename": fs.filename, "line": fs.lineno or 0, "name": fs.name}
-            for fs in stack if os.path.abspath(fs.filename) != here]
-
-
-def _ensure_oom_event(snap: dict, device: int, sizes: tuple[int, ...], device_free: int,
-                      stream: int) -> None:
-    """Add an 'oom' trace entry unless the recorded trace already ends with this one."""
-    traces = snap.setdefault("device_traces", [])
-    if not isinstance(traces, list):
-        return
-    while len(traces) <= device:
-        traces.append([])
-    trace = traces[device]
-    for e in trace[-256:]:
-        if isinstance(e, dict) and e.get("action") == "oom" and e.get("size") in sizes:
-            return
-    trace.append({"action": "oom", "device_free": device_free,
-                  "size": sizes[-1], "stream": stream, "time_us": _now_us(),
-                  "frames": _python_frames(), "compile_context": "N/A", "user_metadata": ""})
-
-
-def _oom_snapshot(backend: Any, device: int, sizes: tuple[int, ...], device_free: int,
-                  stream: int) -> list[str]:
-    """Write the OOM snapshot to every target; the files written."""
-    global _oom_count
-    with _oom_lock:
-        rec = _active
-        targets = []
-        if rec is not None and rec.dump_on_oom:
-            targets.append(("record", rec))
-        if _env_dir is not None and not (targets and _env_fallback_only):
-            targets.append(("env", None))
-        if not targets:
-            return []
-        _oom_count += 1
-        if _oom_count > MAX_OOM_SNAPSHOTS:
-            if _oom_count == MAX_OOM_SNAPSHOTS + 1:
-                log.warning("gpumem: %d OOM snapshots written in this process; no more are "
-                            "written", MAX_OOM_SNAPSHOTS)
-            return []
-        snap = backend.snapshot()
-        _ensure_oom_event(snap, device, sizes, device_free, stream)
-        written = []
-        for kind, r in targets:
-            path = r._oom_path() if kind == "record" else _env_path(_oom_count)
-            try:
-                _write(snap, path)
-            except Exception as e:
-                log.error("gpumem: could not write the OOM snapshot %s: %s", path, e)
-                continue
-            written.append(path)
-            if r is not None:
-                r.written.append(path)
-                r.oom_snapshots.append(path)
-        _oom_written.extend(written)
-        return written
-
-
-def _on_oom(device: int, requested: int, rounded: int, device_free: int, device_total: int,
-            stream: int, message: str) -> Optional[str]:
-    """The shim's OOM hook (Note [OOM hook]): the line to add to the message, or None."""
-    try:
-        if not _has_oom_target():
-            return None
-        written = _oom_snapshot(_GPUMEM, device, (requested, rounded), device_free, stream)
-        if not written:
-            return None
-        what = ". ".join(message.split(". ")[:2])
-        log.warning("gpumem: %s on device %d; memory snapshot written to %s", what, device,
-                    " and ".join(written))
-        also = "".join(f" (also {p})" for p in written[1:])
-        return f"gpumem: memory snapshot at this OOM written to {written[0]}{also}"
-    except Exception:  # never let the hook turn an OOM into another error
-        log.exception("gpumem: writing the OOM snapshot failed")
-        return None
-
-
-def _torch_observer(device: int, alloc: int, device_total: int, device_free: int) -> None:
-    """torch's OOM observer, for recorders that fell back to torch's allocator."""
-    try:
-        rec = _active
-        if rec is None or not isinstance(rec._backend, _TorchBackend):
-            return
-        written = _oom_snapshot(rec._backend, device, (alloc,), device_free, 0)
-        if written:
-            log.warning("gpumem: out of memory on device %d; memory snapshot written to %s",
-                        device, " and ".join(written))
-    except Exception:
-        log.exception("gpumem: writing the OOM snapshot failed")
-
-
-def _attach_torch_observer(torch: Any) -> None:
-    global _torch_observer_attached
-    if not _torch_observer_attached:
-        torch._C._cuda_attach_out_of_memory_observer(_torch_observer)  # cannot be detached
-        _torch_observer_attached = True
-
-
-def _install_oom_hook(shim: Any) -> None:
-    """Called by gpumem.install(): set the shim's OOM hook, honour GPUMEM_OOM_SNAPSHOT."""
-    if id(shim) not in _hooked and hasattr(shim, "set_oom_hook"):
-        shim.set_oom_hook(_on_oom)
-        atexit.register(shim.set_oom_hook, None)
-        _hooked.add(id(shim))
-    _arm_env()
-
-
-def parse_oom_recording(text: Optional[str]) -> dict:
-    """GPUMEM_OOM_RECORDING's value -> ENV_RECORDING with the keys it names.
-
-    Entries are key:value, separated by ','; spaces are ignored. Keys:
-    context (none, state, alloc or all), stacks (python or all) and
-    max_entries (a positive integer). Raises ConfError naming what is wrong.
-    """
-    out = dict(ENV_RECORDING)
-    example = "for example context:all,stacks:python,max_entries:100000"
-    for entry in "".join((text or "").split()).split(","):
-        if not entry:
-            continue
-        key, sep, value = entry.partition(":")
-        context = None if value.lower() == "none" else value.lower()
-        if key == "context" and context in _CONTEXTS:
-            out["context"] = context
-        elif key == "stacks" and value in _STACKS:
-            out["stacks"] = value
-        elif key == "max_entries" and value.isdigit() and int(value) > 0:
-            out["max_entries"] = int(value)
-        elif key in ("context", "stacks", "max_entries"):
-            accepted = {"context": "none, state, alloc or all", "stacks": "python or all",
-                        "max_entries": "a positive integer"}[key]
-            raise ConfError(f"{ENV_OOM_RECORDING}: bad value {value!r} for {key} "
-                            f"(accepted: {accepted}); {example}")
-        else:
-            raise ConfError(f"{ENV_OOM_RECORDING}: unknown entry {entry!r} (keys: context, "
-                            f"stacks, max_entries); {example}")
-    return out
-
-
-def _arm_env() -> None:
-    global _env_dir, _env_fallback_only
-    text = os.environ.get(ENV_OOM_SNAPSHOT, "").strip()
-    if not text or _env_dir is not None:
-        return
-    recording = parse_oom_recording(os.environ.get(ENV_OOM_RECORDING))
-    directory = os.path.abspath(os.path.expanduser(text))
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as e:
-        log.warning("gpumem: %s=%s: cannot create the directory (%s); OOM snapshots will fail",
-                    ENV_OOM_SNAPSHOT, text, e.strerror)
-    _env_dir = directory
-    _env_fallback_only = os.environ.get("GPUMEM_SIMULATE_OUT") == text
-    if history.recording_config()["enabled"] is None:
-        history.record_memory_history("all", recording["context"], recording["stacks"],
-                                      recording["max_entries"])
-    log.info("gpumem: out-of-memory snapshots go to %s", directory)

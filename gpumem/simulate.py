@@ -45,6 +45,8 @@ import tempfile
 import time
 from typing import Any, Optional
 
+from gpumem._format import format_bytes
+
 __all__ = ["HELP", "LIMITS", "add_arguments", "run", "main"]
 
 HELP = ("run a script on a simulated GPU with gpumem recording: peak memory, whether it fits, "
@@ -159,8 +161,8 @@ def _write_stats(out: dict) -> None:
 
 def _wrap_reset_peaks() -> None:
     """Keep each device's peaks across resets (every reset goes through shim.reset_peak)."""
-    from gpumem import _torch
-    shim = _torch.shim()
+    from gpumem import _shim_state
+    shim = _shim_state.shim()
     original = shim.reset_peak
 
     def reset_peak(device: int) -> None:
@@ -171,8 +173,8 @@ def _wrap_reset_peaks() -> None:
 
 
 def _note_peaks() -> dict[int, dict[str, int]]:
-    from gpumem import _torch
-    shim = _torch.shim()
+    from gpumem import _shim_state
+    shim = _shim_state.shim()
     for d in shim.devices():
         st = shim.stats(d)
         cur = _peaks.setdefault(d, {"allocated": 0, "reserved": 0})
@@ -215,18 +217,6 @@ def _child_finish() -> None:
 
 
 # -------------------------------------------------------------- the parent
-
-def _fmt(n: Optional[int]) -> str:
-    from gpumem.cli import format_bytes
-    return format_bytes(n)
-
-
-def _fmt_capacity(n: int) -> str:
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return _fmt(n)
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``gpumem simulate`` (for cli.COMMANDS)."""
@@ -321,7 +311,7 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                    "normally (killed, crashed or os._exit)")
     else:
         fits = peak <= memory
-        why = f"peak reserved {_fmt(peak)}, {100.0 * peak / memory:.1f}% of the device"
+        why = f"peak reserved {format_bytes(peak)}, {100.0 * peak / memory:.1f}% of the device"
     return {"command": cmd, "exit_status": rc, "seconds": round(seconds, 3), "memory": memory,
             "devices": devices, "out": out, "per_device": rows, "fits": fits, "fits_reason": why,
             "snapshots": [p["snapshot"] for p in procs if p.get("snapshot")],
@@ -335,7 +325,7 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
 def _print_report(r: dict[str, Any]) -> None:
     lines = [f"gpumem simulate: {shlex.join(r['command'])} exited with status {r['exit_status']} "
              f"after {r['seconds']:.1f} s on {r['devices']} simulated GPU(s) of "
-             f"{_fmt_capacity(r['memory'])}"]
+             f"{format_bytes(r['memory'], whole_units=True)}"]
     if r["per_device"]:
         lines.append("peak memory (gpumem's allocator):")
         multi = len({(row["pid"]) for row in r["per_device"]}) > 1
@@ -343,11 +333,13 @@ def _print_report(r: dict[str, Any]) -> None:
             who = ""
             if multi:
                 who = (f"rank {row['rank']} " if row["rank"] is not None else f"pid {row['pid']} ")
-            lines.append(f"  {who}device {row['device']}: allocated {_fmt(row['peak_allocated'])}, "
-                         f"reserved {_fmt(row['peak_reserved'])}"
+            lines.append(f"  {who}device {row['device']}: allocated "
+                         f"{format_bytes(row['peak_allocated'])}, "
+                         f"reserved {format_bytes(row['peak_reserved'])}"
                          + (f", {row['num_ooms']} OOM(s)" if row["num_ooms"] else ""))
     verdict = {True: "yes", False: "no", None: "unknown"}[r["fits"]]
-    lines.append(f"fits in {_fmt_capacity(r['memory'])}: {verdict} ({r['fits_reason']})")
+    lines.append(f"fits in {format_bytes(r['memory'], whole_units=True)}: {verdict} "
+                 f"({r['fits_reason']})")
     for path in r["snapshots"]:
         lines.append(f"snapshot: {path}")
         page = r["views"].get(path) if isinstance(r["views"], dict) else None
@@ -404,7 +396,8 @@ def run(args: argparse.Namespace) -> int:
         env.setdefault("GPUMEM_OOM_SNAPSHOT", out)
         if not args.json:
             print(f"gpumem simulate: running {shlex.join(cmd)} on {args.devices} simulated GPU(s) "
-                  f"of {_fmt_capacity(memory)} (memory behaviour only: kernels compute nothing)",
+                  f"of {format_bytes(memory, whole_units=True)} (memory behaviour only: kernels "
+                  "compute nothing)",
                   file=sys.stderr, flush=True)
         start, wall_start = time.monotonic(), time.time()
         try:

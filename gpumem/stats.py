@@ -15,15 +15,12 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from gpumem._shim_state import shim as _shim
+
 __all__ = ["memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
            "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
            "memory_summary", "empty_cache", "mem_get_info", "set_per_process_memory_fraction",
            "get_per_process_memory_fraction", "memory_snapshot"]
-
-
-def _shim():
-    from gpumem._torch import shim
-    return shim()
 
 
 def _index(device: Any) -> int:

@@ -5,7 +5,8 @@ gpumem._torch.install is replaced by one that reports "no CUDA torch", which
 is the documented path where record() records gpumem.Allocator objects.
 Everything torch-specific (auto-install, torch's allocator already in use,
 OOM through the shim, ranks in subprocesses) is in test_record_torch.py and
-test_oom_dump.py, on the simulated GPU.
+test_oom_dump.py, on the simulated GPU.  The OOM hook and GPUMEM_OOM_SNAPSHOT
+(gpumem._oom) are called here directly, as the shim and install() would.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import threading
 import pytest
 
 import gpumem
-from gpumem import _torch, history
+from gpumem import _oom, _torch, history
 
 _C = pytest.importorskip("gpumem._C")
 R = sys.modules["gpumem.record"]   # the module (gpumem.record is the function)
@@ -36,10 +37,10 @@ def _no_torch(monkeypatch):
     monkeypatch.setattr(_torch, "is_installed", lambda: False)
     for var in ("RANK", "LOCAL_RANK", R.ENV_OOM_SNAPSHOT, R.ENV_OOM_RECORDING):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(R, "_env_dir", None)
-    monkeypatch.setattr(R, "_env_fallback_only", False)
-    monkeypatch.setattr(R, "_oom_count", 0)
-    monkeypatch.setattr(R, "_oom_written", [])
+    monkeypatch.setattr(_oom, "_env_dir", None)
+    monkeypatch.setattr(_oom, "_env_fallback_only", False)
+    monkeypatch.setattr(_oom, "_oom_count", 0)
+    monkeypatch.setattr(_oom, "_oom_written", [])
     history.record_memory_history(None)
     yield
     active = R.active_recorder()
@@ -202,8 +203,8 @@ def test_oom_hook_writes_the_snapshot_with_the_oom_event(tmp_path, caplog):
             a.malloc(2 << 30)
         free = a.stats()["reserved_bytes.all.current"]
         with caplog.at_level(logging.WARNING, logger="gpumem"):
-            line = R._on_oom(0, 2 << 30, 2 << 30, free, 1 << 30, 0, MSG)
-        line2 = R._on_oom(0, 2 << 30, 2 << 30, free, 1 << 30, 0, MSG)
+            line = _oom._on_oom(0, 2 << 30, 2 << 30, free, 1 << 30, 0, MSG)
+        line2 = _oom._on_oom(0, 2 << 30, 2 << 30, free, 1 << 30, 0, MSG)
     oom1, oom2 = str(tmp_path / "m_oom.pickle"), str(tmp_path / "m_oom2.pickle")
     assert line == f"gpumem: memory snapshot at this OOM written to {oom1}"
     assert line2.endswith(oom2) and "\n" not in line
@@ -220,7 +221,7 @@ def test_oom_hook_writes_the_snapshot_with_the_oom_event(tmp_path, caplog):
 def test_oom_outside_the_recorded_range_gets_a_synthesized_event(tmp_path):
     a = _C.Allocator(capacity=1 << 30)
     with gpumem.record(tmp_path / "m.pickle", start_step=5) as rec:
-        line = R._on_oom(0, 3 << 30, 3 << 30, 1000, 1 << 30, 7, MSG)
+        line = _oom._on_oom(0, 3 << 30, 3 << 30, 1000, 1 << 30, 7, MSG)
     assert line and rec.oom_snapshots == [str(tmp_path / "m_oom.pickle")]
     (oom,) = [e for e in load(rec.oom_snapshots[0])["device_traces"][0] if e["action"] == "oom"]
     assert (oom["size"], oom["device_free"], oom["stream"]) == (3 << 30, 1000, 7)
@@ -230,9 +231,9 @@ def test_oom_outside_the_recorded_range_gets_a_synthesized_event(tmp_path):
 
 
 def test_oom_hook_without_targets_and_with_dump_on_oom_false(tmp_path):
-    assert R._on_oom(0, 1, 1, 0, 1, 0, MSG) is None
+    assert _oom._on_oom(0, 1, 1, 0, 1, 0, MSG) is None
     with gpumem.record(tmp_path / "m.pickle", dump_on_oom=False):
-        assert R._on_oom(0, 1, 1, 0, 1, 0, MSG) is None
+        assert _oom._on_oom(0, 1, 1, 0, 1, 0, MSG) is None
     assert not (tmp_path / "m_oom.pickle").exists()
 
 
@@ -240,10 +241,10 @@ def test_env_directory_and_the_per_process_cap(tmp_path, monkeypatch):
     a = _C.Allocator(capacity=1 << 30)
     monkeypatch.setenv(R.ENV_OOM_SNAPSHOT, str(tmp_path / "ooms"))
     monkeypatch.setenv("RANK", "2")
-    monkeypatch.setattr(R, "MAX_OOM_SNAPSHOTS", 2)
-    R._arm_env()                                # what gpumem.install() does
+    monkeypatch.setattr(_oom, "MAX_OOM_SNAPSHOTS", 2)
+    _oom._arm_env()                                # what gpumem.install() does
     assert history.recording_config()["enabled"] == "all"   # a history for the snapshots
-    lines = [R._on_oom(0, 5, 512, 0, 1, 0, MSG) for _ in range(3)]
+    lines = [_oom._on_oom(0, 5, 512, 0, 1, 0, MSG) for _ in range(3)]
     files = sorted(os.listdir(tmp_path / "ooms"))
     assert len(files) == 2 and lines[2] is None
     assert all(f.startswith("oom_") and f.endswith(f"_{i + 1}_rank2.pickle")
@@ -255,19 +256,19 @@ def test_env_directory_and_the_per_process_cap(tmp_path, monkeypatch):
 def test_env_recording_settings_are_applied(tmp_path, monkeypatch):
     monkeypatch.setenv(R.ENV_OOM_SNAPSHOT, str(tmp_path / "ooms"))
     monkeypatch.setenv(R.ENV_OOM_RECORDING, " context:alloc, stacks:all ,max_entries:321")
-    R._arm_env()
+    _oom._arm_env()
     cfg = history.recording_config()
     assert (cfg["enabled"], cfg["context"], cfg["stacks"], cfg["max_entries"]) == \
         ("all", "alloc", "all", 321)
 
 
 def test_env_recording_defaults_and_keeps_a_recording_already_on(tmp_path, monkeypatch):
-    assert R.parse_oom_recording(None) == R.ENV_RECORDING
+    assert R.parse_oom_recording(None) == _oom.ENV_RECORDING
     assert R.parse_oom_recording("context:None")["context"] is None
     monkeypatch.setenv(R.ENV_OOM_SNAPSHOT, str(tmp_path / "ooms"))
     monkeypatch.setenv(R.ENV_OOM_RECORDING, "max_entries:50")
     history.record_memory_history("all", context="state", max_entries=777)
-    R._arm_env()                       # the user's own recording wins
+    _oom._arm_env()                       # the user's own recording wins
     assert history.recording_config()["max_entries"] == 777
 
 

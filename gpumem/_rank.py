@@ -1,0 +1,42 @@
+"""This process's rank, and the per-rank file names that keep ranks apart.
+
+Under torch.distributed (initialised) or with RANK / LOCAL_RANK set,
+``_rank<N>`` goes before a file's extension (memory_rank3.pickle), so that
+the snapshots of several ranks never overwrite each other.  torch is only
+looked up in sys.modules, never imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+__all__ = ["current_rank", "rank_path"]
+
+
+def current_rank() -> Optional[int]:
+    """This process's rank: torch.distributed's if initialised, else RANK, else LOCAL_RANK."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
+        try:
+            if dist.is_available() and dist.is_initialized():
+                return int(dist.get_rank())
+        except Exception:  # a half-torn-down process group: fall back to the environment
+            pass
+    for var in ("RANK", "LOCAL_RANK"):
+        text = os.environ.get(var, "").strip()
+        if text.isdigit():
+            return int(text)
+    return None
+
+
+def rank_path(path: str | os.PathLike[str], rank: Optional[int] = None) -> str:
+    """``path`` with ``_rank<N>`` before its extension when a rank is known."""
+    path = os.fspath(path)
+    if rank is None:
+        rank = current_rank()
+    if rank is None:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}_rank{rank}{ext}"
