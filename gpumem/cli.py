@@ -101,7 +101,7 @@ def _print_replay(report: dict[str, Any]) -> None:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from .replay import replay_file  # imported here so 'gpumem --help' needs no extension
+    from .replay import replay_file  # imported when the command runs
 
     report = replay_file(args.snapshot, args.conf)
     if args.json:

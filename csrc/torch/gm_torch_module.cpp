@@ -24,7 +24,7 @@ using gpumem::GpumemAllocator;
  *   at the failure (before the exception unwinds and frees the frames'
  *   tensors) and the exception message should name the file. torch's OOM
  *   observers cannot change the message, so gpumem.record registers its own
- *   hook here (gpumem/record.py, _on_oom).
+ *   hook here (gpumem/_oom.py, _on_oom).
  * Approach: throw_oom calls run_oom_hook after the core has returned GM_EOOM
  *   (its lock released, the `oom` event already in the device's ring) and
  *   before the observers and the throw. The hook is a strong reference
