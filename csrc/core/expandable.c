@@ -127,9 +127,7 @@ static int map_block(gm_alloc_t *a, gm_block_t *to_map, size_t size, uint32_t ct
         gm_block_link_after(to_map, rem);
         gm_pool_insert_unmapped_unlocked(rem);
     }
-    gm_pool_try_merge_unlocked(a, to_map, to_map->prev, NULL);
-    gm_pool_try_merge_unlocked(a, to_map, to_map->next, NULL);
-    gm_pool_insert_free_unlocked(to_map);
+    gm_pool_merge_and_file_unlocked(a, to_map, NULL);
 
     gm_stats_segment_mapped(a, to_map->pool, mapped, NULL);
     gm_trace_unlocked(a, GM_ACT_SEGMENT_MAP, range, mapped, to_map->stream, ctx);
@@ -212,9 +210,7 @@ static int unmap_part(gm_alloc_t *a, gm_block_t *b, size_t max_granules, uint32_
         gm_block_link_after(b, af);
         gm_pool_insert_free_unlocked(af);
     }
-    gm_pool_try_merge_unlocked(a, b, b->prev, NULL);
-    gm_pool_try_merge_unlocked(a, b, b->next, NULL);
-    gm_pool_insert_unmapped_unlocked(b);
+    gm_pool_merge_and_file_unlocked(a, b, NULL);
 
     gm_stats_segment_unmapped(a, b->pool, size, NULL);
     gm_trace_unlocked(a, GM_ACT_SEGMENT_UNMAP, range, size, b->stream, ctx ? ctx : b->seg.ctx);

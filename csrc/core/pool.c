@@ -97,10 +97,7 @@ void gm_pool_return_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
     size_t size = b->size, requested = b->requested_size;
     gm_split_delta_t d = {0, 0};
     gm_ptrmap_del(&a->active, b->ptr, NULL);
-    gm_block_t *prev = b->prev, *next = b->next;
-    gm_pool_try_merge_unlocked(a, b, prev, &d);
-    gm_pool_try_merge_unlocked(a, b, next, &d);
-    gm_pool_insert_free_unlocked(b);
+    gm_pool_merge_and_file_unlocked(a, b, &d);
     gm_split_count(&d, b, +1);
     gm_stats_block_free_completed(a, b->pool, size, requested, &d);
 }

@@ -65,6 +65,19 @@ static inline size_t gm_pool_try_merge_unlocked(gm_alloc_t *a, gm_block_t *dst, 
     return gained;
 }
 
+/* Merge b (in no tree) with its free neighbours of the same mapping, then
+ * file it in the tree its mapping says; merged neighbours are counted out
+ * of d if d is set. */
+static inline void gm_pool_merge_and_file_unlocked(gm_alloc_t *a, gm_block_t *b,
+                                                   gm_split_delta_t *d) {
+    gm_pool_try_merge_unlocked(a, b, b->prev, d);
+    gm_pool_try_merge_unlocked(a, b, b->next, d);
+    if (b->mapped)
+        gm_pool_insert_free_unlocked(b);
+    else
+        gm_pool_insert_unmapped_unlocked(b);
+}
+
 /* A freed block whose uses and events are over goes back to its pool:
  * leaves the active map, merges with free neighbours, enters the free tree.
  * This is the "free completed" transition. */
