@@ -3,14 +3,17 @@
  * (the torch shim) as the capsule gpumem._C._core_api (see core_api.h).
  *
  * Only adapters live here: the driver handle is shared with
- * gpumem._C.Allocator (pyalloc.c), the out-of-memory text and the stats dict
- * with the Python layer (module.c), so the shim and Python can never
- * disagree. Nothing here takes the GIL or an allocator lock of its own.
+ * gpumem._C.Allocator (cuda_driver.c), the out-of-memory text (errors.c),
+ * the stats dict (stats.c) and settings (settings.c) with the Python layer,
+ * so the shim and Python can never disagree. Nothing here takes the GIL or an allocator lock of its own.
  */
 #include "../device/cuda_backend.h"
 #include "../history/hist.h"
 #include "core_api.h"
-#include "pyutil.h"
+#include "cuda_driver.h"
+#include "errors.h"
+#include "settings.h"
+#include "stats.h"
 
 static int api_cuda_device_count(int *count, char *err, size_t errlen) {
     gm_cuda_t *c = NULL;

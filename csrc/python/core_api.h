@@ -85,6 +85,9 @@ typedef struct gm_core_api {
     int (*settings_from_obj)(struct _object *obj, gm_settings_t *out);
 } gm_core_api_t;
 
+/* gpumem._C only (core_api.c): publish the table as the capsule. */
+int gm_py_core_api_init(struct _object *module);
+
 #ifdef __cplusplus
 }
 #endif

@@ -34,7 +34,9 @@
 
 #include "../history/hist.h"
 #include "../history/intern.h"
-#include "pyutil.h"
+#include "allocator.h"
+#include "errors.h"
+#include "hist_capture.h"
 #if PY_VERSION_HEX < 0x030B0000
 #include <frameobject.h> /* PyFrame_GetBack is declared here before 3.11 */
 #endif

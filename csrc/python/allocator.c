@@ -1,104 +1,38 @@
 /*
- * pyalloc.c - gpumem._C.Allocator (the core on a simulated device) and
- * gpumem._C.replay (the fast trace replayer).
+ * allocator.c - gpumem._C.Allocator: one core allocator on the simulated
+ * device (its own, or one handed in) or on the process's CUDA driver.
  *
- * Allocator owns one simulated device set and one core allocator. It is the
- * Python surface for tests, benchmarks and the replay CLI; the torch shim
- * uses the core directly. Trace events are kept in a plain C array guarded
- * by trace_lock (taken inside the allocator lock, never the other way), and
- * converted to Python objects only in take_trace(), with no allocator lock
- * held. The replay loop runs with the GIL released.
+ * The Python surface of the core for tests, benchmarks and tools; the
+ * torch shim uses the core through the capsule (core_api.c) instead. Every
+ * Allocator is registered with memory history for its device.
+ * Invariants: alloc is set once by __init__ and lives until dealloc; every
+ * method checks it first (READY). Stacks are captured before the core's
+ * lock is taken (lock order GIL -> allocator lock), and the core is called
+ * with the GIL held: it never takes the GIL itself.
+ * Must not: hold the allocator lock while creating Python objects.
  */
-#include <pthread.h>
 #include <time.h>
 
-#include "../base/ptrmap.h"
-#include "../device/cuda_backend.h"
 #include "../device/sim.h"
 #include "../history/hist.h"
-#include "pyutil.h"
+#include "allocator.h"
+#include "cuda_driver.h"
+#include "errors.h"
+#include "hist_capture.h"
+#include "segments.h"
+#include "settings.h"
+#include "stats.h"
+#include "trace_buffer.h"
 
-typedef struct trace_ev {
-    uint8_t action;
-    uintptr_t addr;
-    size_t size;
-    uintptr_t stream;
-    uint32_t ctx;
-} trace_ev_t;
-
-/* The process's CUDA driver, opened on first use, by gpumem._C.Allocator
- * or by the torch shim through the core API capsule (which may call without
- * the GIL). g_cuda is set once and never changes after
- * (protected by: g_cuda_lock until set, immutable after). */
-static gm_cuda_t *g_cuda = NULL;
-static pthread_mutex_t g_cuda_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_vmm_warned = 0; /* protected by: GIL */
-
-/* Open the driver once (path NULL: $GPUMEM_LIBCUDA, else libcuda.so.1).
- * A later call naming a different library fails. No GIL needed. */
-int gm_py_cuda_handle(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
-    pthread_mutex_lock(&g_cuda_lock);
-    int rc = GM_OK;
-    if (g_cuda) {
-        if (path && path[0] && strcmp(path, gm_cuda_path(g_cuda))) {
-            snprintf(err, errlen, "the CUDA driver is already loaded from %s; cannot load %s as well",
-                     gm_cuda_path(g_cuda), path);
-            rc = GM_ESTATE;
-        }
-    } else {
-        gm_cuda_t *c = NULL;
-        rc = gm_cuda_open(path, &c, err, errlen);
-        if (rc == GM_OK)
-            g_cuda = c;
-    }
-    *out = rc == GM_OK ? g_cuda : NULL;
-    pthread_mutex_unlock(&g_cuda_lock);
-    return rc;
-}
-
-static gm_cuda_t *cuda_get(const char *path) {
-    char err[768];
-    gm_cuda_t *c = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = gm_py_cuda_handle(path, &c, err, sizeof err);
-    Py_END_ALLOW_THREADS
-    if (rc) {
-        PyErr_SetString(PyExc_RuntimeError, err);
-        return NULL;
-    }
-    return c;
-}
 
 typedef struct {
     PyObject_HEAD
     gm_sim_t *sim; /* NULL on the CUDA backend */
     gm_alloc_t *alloc;
     int device;
-    pthread_mutex_t trace_lock;
-    trace_ev_t *trace;
-    size_t n_trace, cap_trace;
-    int trace_overflow;
+    gm_py_trace_t trace; /* record_trace's events; initialised with alloc */
 } AllocatorObject;
-
-static void trace_hook(void *arg, int device, gm_action_t action, uintptr_t addr, size_t size,
-                       uintptr_t stream, uint32_t ctx) {
-    AllocatorObject *self = arg;
-    pthread_mutex_lock(&self->trace_lock);
-    if (self->n_trace == self->cap_trace) {
-        size_t cap = self->cap_trace ? self->cap_trace * 2 : 256;
-        trace_ev_t *t = cap > ((size_t)1 << 24) ? NULL : realloc(self->trace, cap * sizeof *t);
-        if (!t) {
-            self->trace_overflow = 1;
-            pthread_mutex_unlock(&self->trace_lock);
-            return;
-        }
-        self->trace = t;
-        self->cap_trace = cap;
-    }
-    self->trace[self->n_trace++] = (trace_ev_t){(uint8_t)action, addr, size, stream, ctx};
-    pthread_mutex_unlock(&self->trace_lock);
-}
 
 static int parse_event_mode(PyObject *obj, int *mode) {
     if (!obj || obj == Py_None) {
@@ -120,15 +54,12 @@ static int parse_event_mode(PyObject *obj, int *mode) {
     return 0;
 }
 
-static void trace_hook(void *arg, int device, gm_action_t action, uintptr_t addr, size_t size,
-                       uintptr_t stream, uint32_t ctx);
-
 static int init_cuda(AllocatorObject *self, PyObject *settings, int device, const char *libcuda,
                      int record_trace) {
     gm_settings_t s;
     if (gm_py_settings_from_obj(settings, &s) < 0)
         return -1;
-    gm_cuda_t *c = cuda_get(libcuda);
+    gm_cuda_t *c = gm_py_cuda_get(libcuda);
     if (!c)
         return -1;
     int n = 0;
@@ -144,9 +75,9 @@ static int init_cuda(AllocatorObject *self, PyObject *settings, int device, cons
         return -1;
     }
     self->device = device;
-    pthread_mutex_init(&self->trace_lock, NULL);
+    gm_py_trace_init(&self->trace);
     /* Registered for memory history; record_trace chains behind it. */
-    gm_hist_attach(self->alloc, record_trace ? trace_hook : NULL, self);
+    gm_hist_attach(self->alloc, record_trace ? gm_py_trace_hook : NULL, &self->trace);
     if (s.expandable_segments && !gm_alloc_expandable_active(self->alloc) && !g_vmm_warned) {
         g_vmm_warned = 1;
         if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
@@ -218,9 +149,9 @@ static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwarg
         return -1;
     }
     self->device = device;
-    pthread_mutex_init(&self->trace_lock, NULL);
+    gm_py_trace_init(&self->trace);
     /* Registered for memory history; record_trace chains behind it. */
-    gm_hist_attach(self->alloc, record_trace ? trace_hook : NULL, self);
+    gm_hist_attach(self->alloc, record_trace ? gm_py_trace_hook : NULL, &self->trace);
     return 0;
 }
 
@@ -230,9 +161,8 @@ static void Allocator_dealloc(AllocatorObject *self) {
         gm_alloc_destroy(self->alloc);
         if (self->sim)
             gm_sim_destroy(self->sim);
-        pthread_mutex_destroy(&self->trace_lock);
+        gm_py_trace_destroy(&self->trace);
     }
-    free(self->trace);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -530,27 +460,7 @@ static PyObject *Allocator_bench_pairs(AllocatorObject *self, PyObject *args) {
 
 static PyObject *Allocator_take_trace(AllocatorObject *self, PyObject *unused) {
     READY(self);
-    pthread_mutex_lock(&self->trace_lock);
-    trace_ev_t *t = self->trace;
-    size_t n = self->n_trace;
-    self->trace = NULL;
-    self->n_trace = self->cap_trace = 0;
-    pthread_mutex_unlock(&self->trace_lock);
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; list && i < n; i++) {
-        const char *key = t[i].action == GM_ACT_OOM ? "device_free" : "addr";
-        PyObject *e = Py_BuildValue("{s:s,s:K,s:n,s:K,s:I}", "action",
-                                    gm_action_name(t[i].action), key,
-                                    (unsigned long long)t[i].addr, "size", (Py_ssize_t)t[i].size,
-                                    "stream", (unsigned long long)t[i].stream, "ctx", t[i].ctx);
-        if (!e) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, e);
-    }
-    free(t);
-    return list;
+    return gm_py_trace_take(&self->trace);
 }
 
 static PyMethodDef Allocator_methods[] = {
@@ -612,24 +522,7 @@ gm_alloc_t *gm_py_allocator_core(PyObject *obj) {
     return self->alloc;
 }
 
-PyObject *gm_py_cuda_open(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"path", NULL};
-    const char *path = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|z", kwlist, &path))
-        return NULL;
-    gm_cuda_t *c = cuda_get(path);
-    if (!c)
-        return NULL;
-    int n = 0;
-    gm_cuda_device_count(c, &n);
-    return Py_BuildValue("{s:s,s:i}", "path", gm_cuda_path(c), "device_count", n);
-}
-
-PyObject *gm_py_cuda_last_result(PyObject *self, PyObject *unused) {
-    return PyLong_FromLong(gm_cuda_last_result());
-}
-
-int gm_py_allocator_register(PyObject *module) {
+int gm_py_allocator_init(PyObject *module) {
     if (PyType_Ready(&AllocatorType) < 0)
         return -1;
     Py_INCREF(&AllocatorType);
@@ -638,138 +531,4 @@ int gm_py_allocator_register(PyObject *module) {
         return -1;
     }
     return 0;
-}
-
-/* --------------------------------------------------------------- replay */
-
-typedef struct replay_result {
-    long ops, ooms, unknown_frees, conflicts;
-    long long elapsed_ns;
-    int rc;
-} replay_result_t;
-
-static void run_replay(gm_alloc_t *a, const uint8_t *act, const uint64_t *addr,
-                       const uint64_t *size, const uint64_t *stream, size_t n,
-                       replay_result_t *r) {
-    gm_ptrmap_t map;
-    if (gm_ptrmap_init(&map, 4096)) {
-        r->rc = GM_ENOMEM;
-        return;
-    }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (size_t i = 0; i < n; i++) {
-        uintptr_t key = (uintptr_t)addr[i] + 1; /* 0 is the map's empty key */
-        uintptr_t ptr;
-        if (act[i] == 0) {
-            if (gm_ptrmap_del(&map, key, &ptr)) {
-                r->conflicts++;
-                if (ptr)
-                    gm_alloc_free(a, ptr, 0);
-            }
-            int rc = gm_alloc_malloc(a, (size_t)size[i], (uintptr_t)stream[i], 0, &ptr, NULL);
-            if (rc == GM_EOOM) {
-                r->ooms++;
-                ptr = 0; /* remembered as failed: its free is skipped */
-                rc = GM_OK;
-            }
-            if (rc || gm_ptrmap_put(&map, key, ptr)) {
-                r->rc = rc ? rc : GM_ENOMEM;
-                break;
-            }
-        } else if (gm_ptrmap_del(&map, key, &ptr)) {
-            int rc = ptr ? gm_alloc_free(a, ptr, 0) : GM_OK;
-            if (rc) {
-                r->rc = rc;
-                break;
-            }
-        } else {
-            r->unknown_frees++;
-        }
-        r->ops++;
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    r->elapsed_ns = (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
-    gm_ptrmap_free(&map);
-}
-
-PyObject *gm_py_replay(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"actions", "addrs", "sizes", "streams", "capacity",
-                             "settings", "granularity", NULL};
-    Py_buffer act = {0}, addr = {0}, size = {0}, stream = {0};
-    unsigned long long capacity = (unsigned long long)80 << 30;
-    unsigned long long granularity = (unsigned long long)2 << 20;
-    PyObject *settings = NULL, *result = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*y*|$KOK", kwlist, &act, &addr, &size,
-                                     &stream, &capacity, &settings, &granularity))
-        return NULL;
-    size_t n = (size_t)act.len;
-    gm_settings_t s;
-    gm_sim_config_t cfg;
-    gm_sim_t *sim = NULL;
-    gm_alloc_t *a = NULL;
-    if ((size_t)addr.len != n * 8 || (size_t)size.len != n * 8 || (size_t)stream.len != n * 8) {
-        PyErr_SetString(PyExc_ValueError,
-                        "addrs, sizes and streams must hold 8-byte integers, one per action");
-        goto done;
-    }
-    if (gm_py_settings_from_obj(settings, &s) < 0)
-        goto done;
-    gm_sim_config_default(&cfg);
-    cfg.capacity = (size_t)capacity;
-    cfg.granularity = (size_t)granularity;
-    int rc = gm_sim_create(&cfg, &sim);
-    if (!rc)
-        rc = gm_alloc_create(gm_sim_backend(sim), 0, &s, &a);
-    if (rc) {
-        gm_py_raise(rc, "bad capacity or granularity for the simulated device");
-        goto done;
-    }
-    const uint8_t *acts = act.buf;
-    for (size_t i = 0; i < n; i++)
-        if (acts[i] > 1) {
-            PyErr_Format(PyExc_ValueError, "actions[%zu] is %d; expected 0 (alloc) or 1 (free)", i,
-                         acts[i]);
-            goto done;
-        }
-    replay_result_t r;
-    memset(&r, 0, sizeof r);
-    Py_BEGIN_ALLOW_THREADS
-    run_replay(a, acts, addr.buf, size.buf, stream.buf, n, &r);
-    Py_END_ALLOW_THREADS
-    if (r.rc) {
-        gm_py_raise(r.rc, "during replay");
-        goto done;
-    }
-    gm_stats_t st;
-    gm_alloc_get_stats(a, &st);
-    char msg[256];
-    int bad = gm_alloc_check(a, msg, sizeof msg);
-    if (bad) {
-        PyErr_Format(PyExc_RuntimeError, "allocator invariant violated after replay: %s", msg);
-        goto done;
-    }
-    result = Py_BuildValue(
-        "{s:l,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:l,s:l,s:l,s:L,s:L,s:O}", "ops", r.ops,
-        "elapsed_ns", r.elapsed_ns, "peak_allocated",
-        (long long)st.allocated_bytes[GM_STAT_ALL].peak, "peak_requested",
-        (long long)st.requested_bytes[GM_STAT_ALL].peak,
-        "peak_reserved", (long long)st.reserved_bytes[GM_STAT_ALL].peak, "peak_active",
-        (long long)st.active_bytes[GM_STAT_ALL].peak, "num_device_alloc",
-        (long long)st.num_device_alloc, "num_device_free", (long long)st.num_device_free,
-        "num_alloc_retries", (long long)st.num_alloc_retries, "num_ooms", r.ooms, "unknown_frees",
-        r.unknown_frees, "conflicts", r.conflicts, "reserved_end",
-        (long long)st.reserved_bytes[GM_STAT_ALL].current, "allocated_end",
-        (long long)st.allocated_bytes[GM_STAT_ALL].current, "expandable",
-        gm_alloc_expandable_active(a) ? Py_True : Py_False);
-done:
-    if (a)
-        gm_alloc_destroy(a);
-    if (sim)
-        gm_sim_destroy(sim);
-    PyBuffer_Release(&act);
-    PyBuffer_Release(&addr);
-    PyBuffer_Release(&size);
-    PyBuffer_Release(&stream);
-    return result;
 }

@@ -1,0 +1,14 @@
+/*
+ * size_policy.h - the core's sizes for Python (size_policy.c): its
+ * constants and size text (_C.format_size).
+ */
+#ifndef GM_PYTHON_SIZE_POLICY_H
+#define GM_PYTHON_SIZE_POLICY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Add the functions and constants to module. */
+int gm_py_size_policy_init(PyObject *module);
+
+#endif /* GM_PYTHON_SIZE_POLICY_H */
