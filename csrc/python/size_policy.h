@@ -1,6 +1,7 @@
 /*
- * size_policy.h - the core's sizes for Python (size_policy.c): its
- * constants and size text (_C.format_size).
+ * size_policy.h - the core's size policy for Python (size_policy.c):
+ * _C.round_size, _C.is_small, _C.segment_size, the size constants and
+ * _C.format_size.
  */
 #ifndef GM_PYTHON_SIZE_POLICY_H
 #define GM_PYTHON_SIZE_POLICY_H
