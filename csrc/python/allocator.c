@@ -16,6 +16,7 @@
 #include "../device/sim.h"
 #include "../history/hist.h"
 #include "allocator.h"
+#include "core_api.h"
 #include "cuda_driver.h"
 #include "errors.h"
 #include "hist_capture.h"
@@ -28,8 +29,11 @@ static int g_vmm_warned = 0; /* protected by: GIL */
 
 typedef struct {
     PyObject_HEAD
-    gm_sim_t *sim; /* NULL on the CUDA backend */
-    gm_alloc_t *alloc;
+    gm_alloc_t *alloc;  /* set once by __init__ (protected by: GIL) */
+    const gm_backend_t *backend; /* the device alloc runs on (immutable after init) */
+    gm_sim_t *sim;      /* the Allocator's own simulated device, or NULL (immutable after init) */
+    PyObject *backend_owner; /* device_backend=: kept alive while alloc may use its
+                                backend (immutable after init) */
     int device;
     gm_py_trace_t trace; /* record_trace's events; initialised with alloc */
 } AllocatorObject;
@@ -54,11 +58,22 @@ static int parse_event_mode(PyObject *obj, int *mode) {
     return 0;
 }
 
-static int init_cuda(AllocatorObject *self, PyObject *settings, int device, const char *libcuda,
-                     int record_trace) {
-    gm_settings_t s;
-    if (gm_py_settings_from_obj(settings, &s) < 0)
+/* The core on `be`; on failure an exception carrying the backend's text. */
+static int create_core(AllocatorObject *self, const gm_backend_t *be, int device,
+                       const gm_settings_t *s) {
+    int rc = gm_alloc_create(be, device, s, &self->alloc);
+    if (rc) {
+        const char *why = be->last_error(be->ctx);
+        gm_py_raise(rc, why && why[0] ? why : NULL);
         return -1;
+    }
+    self->backend = be;
+    self->device = device;
+    return 0;
+}
+
+static int init_cuda(AllocatorObject *self, const gm_settings_t *s, int device,
+                     const char *libcuda) {
     gm_cuda_t *c = gm_py_cuda_get(libcuda);
     if (!c)
         return -1;
@@ -69,50 +84,94 @@ static int init_cuda(AllocatorObject *self, PyObject *settings, int device, cons
                      device, n);
         return -1;
     }
-    int rc = gm_alloc_create(gm_cuda_backend(c), device, &s, &self->alloc);
-    if (rc) {
-        gm_py_raise(rc, gm_cuda_backend(c)->last_error(c));
+    return create_core(self, gm_cuda_backend(c), device, s);
+}
+
+/* Allocator(device_backend=obj): obj.gm_backend is a GM_BACKEND_CAPSULE
+ * capsule (core_api.h); obj owns the backend and is kept alive. */
+static int init_external(AllocatorObject *self, PyObject *obj, const gm_settings_t *s,
+                         int device) {
+    PyObject *cap = PyObject_GetAttrString(obj, "gm_backend");
+    const gm_backend_t *be =
+        cap && PyCapsule_IsValid(cap, GM_BACKEND_CAPSULE) ? PyCapsule_GetPointer(cap, GM_BACKEND_CAPSULE)
+                                                          : NULL;
+    Py_XDECREF(cap);
+    if (!be) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "device_backend must have a gm_backend attribute holding a '%s' capsule, "
+                     "which %.80s has not",
+                     GM_BACKEND_CAPSULE, Py_TYPE(obj)->tp_name);
         return -1;
     }
-    self->device = device;
-    gm_py_trace_init(&self->trace);
-    /* Registered for memory history; record_trace chains behind it. */
-    gm_hist_attach(self->alloc, record_trace ? gm_py_trace_hook : NULL, &self->trace);
-    if (s.expandable_segments && !gm_alloc_expandable_active(self->alloc) && !g_vmm_warned) {
-        g_vmm_warned = 1;
-        if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                             "device %d does not support virtual memory management; "
-                             "expandable_segments falls back to plain segments",
-                             device) < 0)
-            return -1;
+    if (device < 0) {
+        PyErr_Format(PyExc_ValueError, "device must be >= 0, not %d", device);
+        return -1;
+    }
+    if (create_core(self, be, device, s) < 0)
+        return -1;
+    self->backend_owner = Py_NewRef(obj);
+    return 0;
+}
+
+static int init_sim(AllocatorObject *self, const gm_sim_config_t *cfg, const gm_settings_t *s,
+                    int device) {
+    if (device < 0 || device >= cfg->num_devices) {
+        PyErr_SetString(PyExc_ValueError, "device must be in [0, num_devices)");
+        return -1;
+    }
+    int rc = gm_sim_create(cfg, &self->sim);
+    if (rc) {
+        gm_py_raise(rc, "bad simulated device configuration (capacity, granularity or mode)");
+        return -1;
+    }
+    if (create_core(self, gm_sim_backend(self->sim), device, s) < 0) {
+        gm_sim_destroy(self->sim);
+        self->sim = NULL;
+        return -1;
     }
     return 0;
 }
 
+/* The arguments that describe a device of the Allocator's own: none of
+ * them applies with device_backend=. */
+static const char *const own_device_args[] = {"capacity",   "granularity", "mode",
+                                              "num_devices", "event_mode", "event_after_n",
+                                              "backend",    "libcuda",    NULL};
+
 static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"capacity",      "granularity",  "mode",    "settings",
-                             "device",        "num_devices",  "event_mode", "event_after_n",
-                             "record_trace",  "backend",      "libcuda", NULL};
+    static char *kwlist[] = {"capacity",     "granularity", "mode",       "settings",
+                             "device",       "num_devices", "event_mode", "event_after_n",
+                             "record_trace", "backend",     "libcuda",    "device_backend",
+                             NULL};
     unsigned long long capacity = (unsigned long long)80 << 30;
     unsigned long long granularity = (unsigned long long)2 << 20;
     const char *mode = "virtual";
-    PyObject *settings = NULL, *event_mode = NULL;
+    PyObject *settings = NULL, *event_mode = NULL, *device_backend = NULL;
     int device = 0, num_devices = 1, after_n = 0, record_trace = 0;
     const char *backend = "sim", *libcuda = NULL;
     if (self->alloc) {
         PyErr_SetString(PyExc_RuntimeError, "Allocator is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|KKsOiiOipsz", kwlist, &capacity,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|KKsOiiOipsz$O", kwlist, &capacity,
                                      &granularity, &mode, &settings, &device, &num_devices,
-                                     &event_mode, &after_n, &record_trace, &backend, &libcuda))
+                                     &event_mode, &after_n, &record_trace, &backend, &libcuda,
+                                     &device_backend))
         return -1;
+    if (device_backend == Py_None)
+        device_backend = NULL;
+    for (int i = 0; device_backend && kwargs && own_device_args[i]; i++)
+        if (PyDict_GetItemString(kwargs, own_device_args[i])) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s= does not apply with device_backend=, which brings its own device",
+                         own_device_args[i]);
+            return -1;
+        }
     if (strcmp(backend, "sim") && strcmp(backend, "cuda")) {
         PyErr_SetString(PyExc_ValueError, "backend must be 'sim' or 'cuda'");
         return -1;
     }
-    if (!strcmp(backend, "cuda"))
-        return init_cuda(self, settings, device, libcuda, record_trace);
     gm_sim_config_t cfg;
     gm_sim_config_default(&cfg);
     cfg.capacity = (size_t)capacity;
@@ -129,29 +188,26 @@ static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwarg
     }
     if (parse_event_mode(event_mode, &cfg.event_mode) < 0)
         return -1;
-    if (device < 0 || device >= num_devices) {
-        PyErr_SetString(PyExc_ValueError, "device must be in [0, num_devices)");
-        return -1;
-    }
     gm_settings_t s;
     if (gm_py_settings_from_obj(settings, &s) < 0)
         return -1;
-    int rc = gm_sim_create(&cfg, &self->sim);
-    if (rc) {
-        gm_py_raise(rc, "bad simulated device configuration (capacity, granularity or mode)");
+    int rc = device_backend      ? init_external(self, device_backend, &s, device)
+             : strcmp(backend, "cuda") ? init_sim(self, &cfg, &s, device)
+                                       : init_cuda(self, &s, device, libcuda);
+    if (rc < 0)
         return -1;
-    }
-    rc = gm_alloc_create(gm_sim_backend(self->sim), device, &s, &self->alloc);
-    if (rc) {
-        gm_sim_destroy(self->sim);
-        self->sim = NULL;
-        gm_py_raise(rc, NULL);
-        return -1;
-    }
-    self->device = device;
     gm_py_trace_init(&self->trace);
     /* Registered for memory history; record_trace chains behind it. */
     gm_hist_attach(self->alloc, record_trace ? gm_py_trace_hook : NULL, &self->trace);
+    if (!strcmp(backend, "cuda") && s.expandable_segments &&
+        !gm_alloc_expandable_active(self->alloc) && !g_vmm_warned) {
+        g_vmm_warned = 1;
+        if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                             "device %d does not support virtual memory management; "
+                             "expandable_segments falls back to plain segments",
+                             device) < 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -163,6 +219,8 @@ static void Allocator_dealloc(AllocatorObject *self) {
             gm_sim_destroy(self->sim);
         gm_py_trace_destroy(&self->trace);
     }
+    /* Only now: the core no longer uses the backend. */
+    Py_XDECREF(self->backend_owner);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -360,7 +418,7 @@ static PyObject *Allocator_set_settings(AllocatorObject *self, PyObject *arg) {
 
 static PyObject *Allocator_backend(AllocatorObject *self, PyObject *unused) {
     READY(self);
-    return PyUnicode_FromString(self->sim ? "sim" : "cuda");
+    return PyUnicode_FromString(self->backend->name);
 }
 
 static PyObject *Allocator_expandable_active(AllocatorObject *self, PyObject *unused) {
