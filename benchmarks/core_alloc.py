@@ -4,7 +4,8 @@
 
 malloc_free_pair_ns_p50: the median over batches of the cost of one
 malloc+free pair that hits the cache (one thread, warm pool, 4 KiB and
-other sizes), timed inside C so Python's call overhead is not counted.
+other sizes), timed inside C so Python's call overhead is not counted
+(bench_pairs of the test-only extension, tests/ext, built on first use).
 
 replay_events_per_s: trace entries of the largest snapshot in
 ../shared/snapshots consumed per second by the C replay loop, and
@@ -26,18 +27,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "tests"))
 
 import gpumem  # noqa: E402
 from gpumem import replay as replay_mod  # noqa: E402
 from gpumem._unpickle import load_snapshot  # noqa: E402
+
+import testext  # noqa: E402 - tests/testext.py: the timing loop lives in the test-only extension
 
 DEFAULT_SNAPSHOTS = ROOT.parent / "shared" / "snapshots"
 
 
 def pair_ns(size: int, batches: int = 200, per_batch: int = 20000) -> dict:
     a = gpumem.Allocator(capacity=8 << 30)
-    a.bench_pairs(size, 10000)  # warm the pool: the segment is cached
-    samples = [a.bench_pairs(size, per_batch) / per_batch for _ in range(batches)]
+    testext.bench_pairs(a, size, 10000)  # warm the pool: the segment is cached
+    samples = [testext.bench_pairs(a, size, per_batch) / per_batch for _ in range(batches)]
     return {
         "p50": statistics.median(samples),
         "p10": sorted(samples)[len(samples) // 10],

@@ -1,6 +1,7 @@
 /*
- * allocator.c - gpumem._C.Allocator: one core allocator on the simulated
- * device (its own, or one handed in) or on the process's CUDA driver.
+ * allocator.c - gpumem._C.Allocator: one core allocator on a simulated
+ * device of its own, on the process's CUDA driver, or on a device another
+ * extension owns (device_backend=, see GM_BACKEND_CAPSULE in core_api.h).
  *
  * The Python surface of the core for tests, benchmarks and tools; the
  * torch shim uses the core through the capsule (core_api.c) instead. Every
@@ -9,10 +10,12 @@
  * method checks it first (READY). Stacks are captured before the core's
  * lock is taken (lock order GIL -> allocator lock), and the core is called
  * with the GIL held: it never takes the GIL itself.
+ * Test controls of the simulated device (failure injection, counters, event
+ * modes) and timing loops are not here: they live in the test-only
+ * extension (tests/ext), which drives an Allocator through device_backend=
+ * and the core API capsule.
  * Must not: hold the allocator lock while creating Python objects.
  */
-#include <time.h>
-
 #include "../device/sim.h"
 #include "../history/hist.h"
 #include "allocator.h"
@@ -37,26 +40,6 @@ typedef struct {
     int device;
     gm_py_trace_t trace; /* record_trace's events; initialised with alloc */
 } AllocatorObject;
-
-static int parse_event_mode(PyObject *obj, int *mode) {
-    if (!obj || obj == Py_None) {
-        *mode = GM_SIM_EVENTS_IMMEDIATE;
-        return 0;
-    }
-    const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
-    if (s && !strcmp(s, "immediate"))
-        *mode = GM_SIM_EVENTS_IMMEDIATE;
-    else if (s && !strcmp(s, "never"))
-        *mode = GM_SIM_EVENTS_NEVER;
-    else if (s && !strcmp(s, "after_n"))
-        *mode = GM_SIM_EVENTS_AFTER_N;
-    else {
-        PyErr_SetString(PyExc_ValueError,
-                        "event_mode must be 'immediate', 'never' or 'after_n'");
-        return -1;
-    }
-    return 0;
-}
 
 /* The core on `be`; on failure an exception carrying the backend's text. */
 static int create_core(AllocatorObject *self, const gm_backend_t *be, int device,
@@ -135,29 +118,26 @@ static int init_sim(AllocatorObject *self, const gm_sim_config_t *cfg, const gm_
 
 /* The arguments that describe a device of the Allocator's own: none of
  * them applies with device_backend=. */
-static const char *const own_device_args[] = {"capacity",   "granularity", "mode",
-                                              "num_devices", "event_mode", "event_after_n",
-                                              "backend",    "libcuda",    NULL};
+static const char *const own_device_args[] = {"capacity", "granularity", "mode", "num_devices",
+                                              "backend",  "libcuda",     NULL};
 
 static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"capacity",     "granularity", "mode",       "settings",
-                             "device",       "num_devices", "event_mode", "event_after_n",
-                             "record_trace", "backend",     "libcuda",    "device_backend",
-                             NULL};
+    static char *kwlist[] = {"capacity",    "granularity",  "mode",    "settings",
+                             "device",      "num_devices",  "record_trace", "backend",
+                             "libcuda",     "device_backend", NULL};
     unsigned long long capacity = (unsigned long long)80 << 30;
     unsigned long long granularity = (unsigned long long)2 << 20;
     const char *mode = "virtual";
-    PyObject *settings = NULL, *event_mode = NULL, *device_backend = NULL;
-    int device = 0, num_devices = 1, after_n = 0, record_trace = 0;
+    PyObject *settings = NULL, *device_backend = NULL;
+    int device = 0, num_devices = 1, record_trace = 0;
     const char *backend = "sim", *libcuda = NULL;
     if (self->alloc) {
         PyErr_SetString(PyExc_RuntimeError, "Allocator is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|KKsOiiOipsz$O", kwlist, &capacity,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|KKsOiipsz$O", kwlist, &capacity,
                                      &granularity, &mode, &settings, &device, &num_devices,
-                                     &event_mode, &after_n, &record_trace, &backend, &libcuda,
-                                     &device_backend))
+                                     &record_trace, &backend, &libcuda, &device_backend))
         return -1;
     if (device_backend == Py_None)
         device_backend = NULL;
@@ -177,7 +157,6 @@ static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwarg
     cfg.capacity = (size_t)capacity;
     cfg.granularity = (size_t)granularity;
     cfg.num_devices = num_devices;
-    cfg.event_after_n = after_n;
     if (!strcmp(mode, "virtual"))
         cfg.mode = GM_SIM_VIRTUAL;
     else if (!strcmp(mode, "host"))
@@ -186,8 +165,6 @@ static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwarg
         PyErr_SetString(PyExc_ValueError, "mode must be 'virtual' or 'host'");
         return -1;
     }
-    if (parse_event_mode(event_mode, &cfg.event_mode) < 0)
-        return -1;
     gm_settings_t s;
     if (gm_py_settings_from_obj(settings, &s) < 0)
         return -1;
@@ -228,16 +205,6 @@ static void Allocator_dealloc(AllocatorObject *self) {
     do {                                                                       \
         if (!(self)->alloc) {                                                  \
             PyErr_SetString(PyExc_RuntimeError, "Allocator is not initialised"); \
-            return NULL;                                                       \
-        }                                                                      \
-    } while (0)
-
-#define SIM_ONLY(self)                                                         \
-    do {                                                                       \
-        READY(self);                                                           \
-        if (!(self)->sim) {                                                    \
-            PyErr_SetString(PyExc_RuntimeError,                                \
-                            "this method exists only on the simulated device"); \
             return NULL;                                                       \
         }                                                                      \
     } while (0)
@@ -426,96 +393,6 @@ static PyObject *Allocator_expandable_active(AllocatorObject *self, PyObject *un
     return PyBool_FromLong(gm_alloc_expandable_active(self->alloc));
 }
 
-static PyObject *Allocator_complete_events(AllocatorObject *self, PyObject *unused) {
-    SIM_ONLY(self);
-    gm_sim_complete_events(self->sim);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Allocator_set_event_mode(AllocatorObject *self, PyObject *args) {
-    PyObject *mode_obj;
-    int n = 0, mode;
-    SIM_ONLY(self);
-    if (!PyArg_ParseTuple(args, "O|i", &mode_obj, &n) || parse_event_mode(mode_obj, &mode) < 0)
-        return NULL;
-    gm_sim_set_event_mode(self->sim, mode, n);
-    Py_RETURN_NONE;
-}
-
-static const char *const sim_fn_names[GM_SIM_FN_COUNT] = {
-    "seg_alloc", "seg_free", "event_create", "event_record", "event_query",
-    "map",       "unmap",    "va_reserve"};
-
-static PyObject *Allocator_set_failure(AllocatorObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"fn", "nth", "code", "fail_above", NULL};
-    const char *fn = NULL;
-    long nth = 0;
-    int code = GM_EOOM;
-    unsigned long long above = 0;
-    SIM_ONLY(self);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|zliK", kwlist, &fn, &nth, &code, &above))
-        return NULL;
-    int idx = -1;
-    for (int i = 0; fn && i < GM_SIM_FN_COUNT; i++)
-        if (!strcmp(fn, sim_fn_names[i]))
-            idx = i;
-    if (fn && idx < 0)
-        return gm_py_raise(GM_EINVAL, "unknown simulated function name");
-    gm_sim_set_failure(self->sim, idx, nth, code, (size_t)above);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Allocator_sim_counters(AllocatorObject *self, PyObject *unused) {
-    SIM_ONLY(self);
-    gm_sim_counters_t c;
-    gm_sim_get_counters(self->sim, self->device, &c);
-    PyObject *calls = PyDict_New();
-    for (int i = 0; calls && i < GM_SIM_FN_COUNT; i++) {
-        PyObject *v = PyLong_FromLong(c.calls[i]);
-        if (!v || PyDict_SetItemString(calls, sim_fn_names[i], v) < 0) {
-            Py_XDECREF(v);
-            Py_CLEAR(calls);
-            break;
-        }
-        Py_DECREF(v);
-    }
-    if (!calls)
-        return NULL;
-    return Py_BuildValue("{s:N,s:n,s:n,s:n,s:l,s:l,s:l,s:n}", "calls", calls, "bytes_allocated",
-                         (Py_ssize_t)c.bytes_allocated, "bytes_mapped", (Py_ssize_t)c.bytes_mapped,
-                         "bytes_reserved_va", (Py_ssize_t)c.bytes_reserved_va, "live_segments",
-                         c.live_segments, "live_events", c.live_events, "live_reservations",
-                         c.live_reservations, "peak_used", (Py_ssize_t)c.peak_used);
-}
-
-/* Time n malloc+free pairs of one size in C with the GIL released: the
- * core's own cost, without Python call overhead. Returns nanoseconds. */
-static PyObject *Allocator_bench_pairs(AllocatorObject *self, PyObject *args) {
-    unsigned long long size, stream = 0;
-    long n;
-    READY(self);
-    if (!PyArg_ParseTuple(args, "Kl|K", &size, &n, &stream))
-        return NULL;
-    if (n <= 0 || size == 0)
-        return gm_py_raise(GM_EINVAL, "n and size must be positive");
-    int rc = GM_OK;
-    struct timespec t0, t1;
-    Py_BEGIN_ALLOW_THREADS
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (long i = 0; i < n && rc == GM_OK; i++) {
-        uintptr_t p;
-        rc = gm_alloc_malloc(self->alloc, (size_t)size, (uintptr_t)stream, 0, &p, NULL);
-        if (rc == GM_OK)
-            rc = gm_alloc_free(self->alloc, p, 0);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    Py_END_ALLOW_THREADS
-    if (rc)
-        return gm_py_raise(rc, NULL);
-    return PyLong_FromLongLong((long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL +
-                               (t1.tv_nsec - t0.tv_nsec));
-}
-
 static PyObject *Allocator_take_trace(AllocatorObject *self, PyObject *unused) {
     READY(self);
     return gm_py_trace_take(&self->trace);
@@ -544,13 +421,6 @@ static PyMethodDef Allocator_methods[] = {
     {"set_settings", (PyCFunction)Allocator_set_settings, METH_O, ""},
     {"expandable_active", (PyCFunction)Allocator_expandable_active, METH_NOARGS, ""},
     {"backend", (PyCFunction)Allocator_backend, METH_NOARGS, "'sim' or 'cuda'"},
-    {"complete_events", (PyCFunction)Allocator_complete_events, METH_NOARGS, ""},
-    {"set_event_mode", (PyCFunction)Allocator_set_event_mode, METH_VARARGS, ""},
-    {"set_failure", (PyCFunction)(void (*)(void))Allocator_set_failure,
-     METH_VARARGS | METH_KEYWORDS, "set_failure(fn=None, nth=0, code=-1, fail_above=0)"},
-    {"sim_counters", (PyCFunction)Allocator_sim_counters, METH_NOARGS, ""},
-    {"bench_pairs", (PyCFunction)Allocator_bench_pairs, METH_VARARGS,
-     "bench_pairs(size, n, stream=0) -> ns for n malloc+free pairs, timed in C"},
     {"take_trace", (PyCFunction)Allocator_take_trace, METH_NOARGS,
      "Events recorded since the last call (record_trace=True)."},
     {NULL, NULL, 0, NULL}};
@@ -559,7 +429,8 @@ static PyTypeObject AllocatorType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpumem._C.Allocator",
     .tp_basicsize = sizeof(AllocatorObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The gpumem allocator core on a simulated device.",
+    .tp_doc = "The gpumem allocator core on a simulated device, on the CUDA driver "
+              "(backend='cuda') or on a device_backend.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Allocator_init,
     .tp_dealloc = (destructor)Allocator_dealloc,
