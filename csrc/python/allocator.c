@@ -1,20 +1,16 @@
 /*
- * allocator.c - gpumem._C.Allocator: one core allocator on a simulated
- * device of its own, on the process's CUDA driver, or on a device another
- * extension owns (device_backend=, see GM_BACKEND_CAPSULE in core_api.h).
- *
- * The Python surface of the core for tests, benchmarks and tools; the
- * torch shim uses the core through the capsule (core_api.c) instead. Every
- * Allocator is registered with memory history for its device.
+ * allocator.c - gpumem._C.Allocator: one core allocator, registered with
+ * memory history, on a simulated device of its own, on the process's CUDA
+ * driver, or on a device another extension owns (device_backend=, see
+ * GM_BACKEND_CAPSULE in core_api.h). The torch shim uses the core through
+ * the capsule instead (core_api.c).
  * Invariants: alloc is set once by __init__ and lives until dealloc; every
  * method checks it first (READY). Stacks are captured before the core's
- * lock is taken (lock order GIL -> allocator lock), and the core is called
- * with the GIL held: it never takes the GIL itself.
- * Test controls of the simulated device (failure injection, counters, event
- * modes) and timing loops are not here: they live in the test-only
- * extension (tests/ext), which drives an Allocator through device_backend=
- * and the core API capsule.
- * Must not: hold the allocator lock while creating Python objects.
+ * lock is taken (lock order GIL -> allocator lock); the core never takes
+ * the GIL. A device_backend owner outlives the core that uses it.
+ * Must not: hold the allocator lock while creating Python objects, or grow
+ * test-only controls (failure injection, counters, timing loops): those
+ * live in the test extension (tests/ext).
  */
 #include "../device/sim.h"
 #include "../history/hist.h"

@@ -1,5 +1,7 @@
 /*
- * allocator.h - the type gpumem._C.Allocator (allocator.c).
+ * allocator.h - the type gpumem._C.Allocator (allocator.c), and the core
+ * behind one for the code that must reach it (core_api.c publishes
+ * gm_py_allocator_core to other extensions). Both need the GIL.
  */
 #ifndef GM_PYTHON_ALLOCATOR_H
 #define GM_PYTHON_ALLOCATOR_H

@@ -1,6 +1,8 @@
 /*
  * stats.h - allocator statistics as the flat dict of
- * torch.cuda.memory_stats() (stats.c). Needs the GIL.
+ * torch.cuda.memory_stats() (stats.c), shared by Allocator.stats() and the
+ * torch shim (through core_api.h). Needs the GIL; the caller copies the
+ * stats out of the core first.
  */
 #ifndef GM_PYTHON_STATS_H
 #define GM_PYTHON_STATS_H

@@ -7,12 +7,11 @@
  *     a = gpumem._C.Allocator(device_backend=dev)
  *     dev.set_failure("seg_alloc", nth=2); dev.counters(); dev.complete_events()
  *
- * Invariants: the device lives exactly as long as the SimDevice object, and
- * an Allocator built on it keeps the object alive, so the backend outlives
- * every core that uses it. dev.gm_backend is a GM_BACKEND_CAPSULE capsule
- * that owns nothing. The simulator has its own mutex; the allocator lock is
- * taken before it, never after, and nothing here takes the allocator lock.
- * Must not: free the device while a core may still use it.
+ * Invariants: the device lives as long as the SimDevice object, which an
+ * Allocator built on it keeps alive, so the backend outlives every core
+ * that uses it; dev.gm_backend (a GM_BACKEND_CAPSULE capsule) owns nothing.
+ * Lock order: allocator lock -> the simulator's mutex; nothing here takes
+ * the allocator lock. Must not: free the device while a core may use it.
  */
 #include "device/sim.h"
 #include "testext.h"
