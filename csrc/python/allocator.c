@@ -28,11 +28,11 @@ static int g_vmm_warned = 0; /* protected by: GIL */
 
 typedef struct {
     PyObject_HEAD
-    gm_alloc_t *alloc;  /* set once by __init__ (protected by: GIL) */
-    const gm_backend_t *backend; /* the device alloc runs on (immutable after init) */
-    gm_sim_t *sim;      /* the Allocator's own simulated device, or NULL (immutable after init) */
-    PyObject *backend_owner; /* device_backend=: kept alive while alloc may use its
-                                backend (immutable after init) */
+    /* All set once by __init__ (protected by: GIL until set, immutable after). */
+    gm_alloc_t *alloc;
+    const gm_backend_t *backend; /* the device alloc runs on */
+    gm_sim_t *sim;               /* the Allocator's own simulated device, or NULL */
+    PyObject *backend_owner;     /* device_backend=, kept alive while alloc may use it */
     int device;
     gm_py_trace_t trace; /* record_trace's events; initialised with alloc */
 } AllocatorObject;
@@ -118,9 +118,9 @@ static const char *const own_device_args[] = {"capacity", "granularity", "mode",
                                               "backend",  "libcuda",     NULL};
 
 static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"capacity",    "granularity",  "mode",    "settings",
-                             "device",      "num_devices",  "record_trace", "backend",
-                             "libcuda",     "device_backend", NULL};
+    static char *kwlist[] = {"capacity",     "granularity", "mode",    "settings",
+                             "device",       "num_devices", "record_trace", "backend",
+                             "libcuda",      "device_backend", NULL};
     unsigned long long capacity = (unsigned long long)80 << 30;
     unsigned long long granularity = (unsigned long long)2 << 20;
     const char *mode = "virtual";
@@ -164,9 +164,13 @@ static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwarg
     gm_settings_t s;
     if (gm_py_settings_from_obj(settings, &s) < 0)
         return -1;
-    int rc = device_backend      ? init_external(self, device_backend, &s, device)
-             : strcmp(backend, "cuda") ? init_sim(self, &cfg, &s, device)
-                                       : init_cuda(self, &s, device, libcuda);
+    int rc;
+    if (device_backend)
+        rc = init_external(self, device_backend, &s, device);
+    else if (!strcmp(backend, "cuda"))
+        rc = init_cuda(self, &s, device, libcuda);
+    else
+        rc = init_sim(self, &cfg, &s, device);
     if (rc < 0)
         return -1;
     gm_py_trace_init(&self->trace);
