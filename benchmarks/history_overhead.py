@@ -25,11 +25,11 @@ capture_us_at_depth / capture_ns_per_frame: one stack capture on its own,
     frames: torch's gather_traceback (what its recorder calls per event)
     or gpumem's _C._hist_capture, minus the same call returning at once.
     gpumem's process also times the floor under its capture:
-    api_walk_us_at_depth (_C._hist_walk_only: the public frame-API calls
-    of a walk and nothing else), gil_round_trip_us (PyGILState_Ensure +
-    Release, paid per capture because torch releases the GIL around both
-    the allocation and the free) and floor_us_per_alloc = 2 x (walk +
-    GIL round trip).
+    api_walk_us_at_depth (hist_walk_only, in the test-only extension
+    tests/ext: the public frame-API calls of a walk and nothing else),
+    gil_round_trip_us (PyGILState_Ensure + Release, paid per capture
+    because torch releases the GIL around both the allocation and the
+    free) and floor_us_per_alloc = 2 x (walk + GIL round trip).
 snapshot_dump_s / snapshot_bytes: torch.cuda.memory._dump_snapshot() of a
     history holding --events trace entries (max_entries=--events, filled
     past the bound by a workload with several call sites at the same depth
@@ -60,6 +60,7 @@ SNIPPET = r'''
 import functools, json, os, pickle, statistics, sys, tempfile, time
 import torch
 which, depth, iters, events, repeats = sys.argv[1], *map(int, sys.argv[2:6])
+tests_dir = sys.argv[6]  # tests/: testext, the test-only extension (built by main())
 if which == "gpumem":
     import gpumem
     gpumem.install()
@@ -126,13 +127,15 @@ def per_call(fn, *args):
 
 if which == "gpumem":
     from gpumem import _C
+    sys.path.insert(0, tests_dir)
+    import testext
     def capture_costs():
         cap, noop = per_call(_C._hist_capture, 3), per_call(_C._hist_capture, 0)
-        cap_ng = per_call(_C._hist_capture_without_gil, 3)
-        noop_ng = per_call(_C._hist_capture_without_gil, 0)
+        cap_ng = per_call(testext.hist_capture_without_gil, 3)
+        noop_ng = per_call(testext.hist_capture_without_gil, 0)
         # The bare public-API walk of this stack, CALLS walks in one call.
         t0 = time.perf_counter()
-        _C._hist_walk_only(CALLS)
+        testext.hist_walk_only(CALLS)
         walk = (time.perf_counter() - t0) / CALLS * 1e6
         return cap - noop, (cap_ng - noop_ng) - (cap - noop), walk
 else:
@@ -226,7 +229,8 @@ TARGETS = {"record_overhead_us_per_alloc": 0.33, "snapshot_dump_s": 0.5, "snapsh
 def run_one(which: str, args) -> dict:
     rc, out, err = sim.run_snippet(
         textwrap.dedent(SNIPPET),
-        args=[which, str(args.depth), str(args.iters), str(args.events), str(args.repeats)],
+        args=[which, str(args.depth), str(args.iters), str(args.events), str(args.repeats),
+              str(ROOT / "tests")],
         timeout=900)
     if rc != 0:
         raise SystemExit(f"{which} run failed (exit {rc}):\n{err[-4000:]}")
@@ -242,10 +246,14 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=20000, help="allocations per timed run")
     ap.add_argument("--events", type=int, default=100_000, help="trace entries dumped")
     args = ap.parse_args(argv)
-    # Build the shim and the fake libraries before anything is timed.
+    # Build the shim, the fake libraries and the test-only extension before
+    # anything is timed.
     from gpumem import _shim_build
     _shim_build.build()
     sim.lib_dir()
+    sys.path.insert(1, str(ROOT / "tests"))
+    import testext  # noqa: F401 - compiles tests/ext once, for every run_one
+
     runs: dict = {"torch": [], "gpumem": []}
     for _ in range(args.processes):
         for which in runs:

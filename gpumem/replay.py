@@ -51,10 +51,10 @@ class ReplayError(RuntimeError):
 
 
 def round_size(size: int) -> int:
-    """torch's block rounding without roundup_power2_divisions: 512-byte multiples."""
-    if size < 512:
-        return 512
-    return (size + 511) // 512 * 512
+    """The block size the allocator gives a request of ``size`` bytes with the
+    default settings (512-byte multiples): the core's own rounding,
+    gpumem._C.round_size."""
+    return _load_c().round_size(size)
 
 
 @dataclass
@@ -187,9 +187,10 @@ def build_ops(snapshot: dict, device: int) -> DeviceOps:
 def _peak_allocated(ops: list) -> int:
     sizes: dict[int, int] = {}
     current = peak = 0
+    rnd = _load_c().round_size if ops else None  # the core's rounding, default settings
     for action, addr, size, _stream in ops:
         if action == OP_ALLOC:
-            rounded = round_size(size)
+            rounded = rnd(size)
             sizes[addr] = rounded
             current += rounded
             peak = max(peak, current)
@@ -199,6 +200,11 @@ def _peak_allocated(ops: list) -> int:
 
 
 def _import_c():
+    """gpumem._C for the replay itself (tests put a stand-in here)."""
+    return _load_c()
+
+
+def _load_c():
     try:
         from . import _C  # noqa: PLC0415 - the extension is optional until replay runs
     except ImportError as e:

@@ -1,7 +1,8 @@
 """Memory history: configuration, which stack goes on which event, the ring,
 frames and their sharing, metadata, and what recording costs.
 
-Everything drives gpumem._C.Allocator on the simulated device directly.
+Everything drives gpumem._C.Allocator on the simulated device directly
+(with tests/ext's SimDevice where a test controls the device).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pytest
 import gpumem
 from gpumem import _C, history
 from gpumem.history import HistoryConfigError
+
+import testext
 
 MiB = 1 << 20
 HERE = __file__
@@ -69,15 +72,16 @@ def oom_site(a, size):
 
 def _scenario(context):
     """One of every event; returns (snapshot, live block addresses)."""
-    a = _C.Allocator(capacity=64 * MiB)
+    dev = testext.SimDevice(capacity=64 * MiB)
+    a = _C.Allocator(device_backend=dev)
     history.record_memory_history("all", context=context)
     p = alloc_site(a, 1000)              # segment_alloc S1 + alloc
     free_site(a, p)                      # free_requested + free_completed
     q = alloc_site(a, 2000)              # reuses S1
-    a.set_event_mode("never")
+    dev.set_event_mode("never")
     a.record_stream(q, 7)
     free_site(a, q)                      # free_requested only: pending on stream 7
-    a.set_event_mode("immediate")
+    dev.set_event_mode("immediate")
     r = later_site(a, 3 * MiB)           # completes q's free, then segment_alloc S3 + alloc
     empty_site(a)                        # segment_free S1
     oom_site(a, 1 << 40)                 # oom
@@ -494,22 +498,22 @@ def test_stacks_all_adds_c_frames_around_python_frames():
 
 def test_capture_in_a_thread_without_python_state_does_not_block():
     history.record_memory_history(stacks="python")
-    tb, blocked = _C._hist_capture_in_c_thread(1)
+    tb, blocked = testext.hist_capture_in_c_thread(1)
     assert (tb, blocked) == (0, False)
     history.record_memory_history(stacks="all")
-    tb, blocked = _C._hist_capture_in_c_thread(1)
+    tb, blocked = testext.hist_capture_in_c_thread(1)
     assert not blocked and tb != 0
     frames = _C._hist_traceback(tb)
     assert frames and all(f["line"] == 0 for f in frames)  # C frames only
     history.record_memory_history(None)
-    assert _C._hist_capture_in_c_thread(1) == (0, False)
+    assert testext.hist_capture_in_c_thread(1) == (0, False)
 
 
 def test_allocations_from_a_c_thread_are_recorded_without_frames():
     from test_history_support import check_snapshot
     a = _C.Allocator()
     history.record_memory_history()
-    kept, blocked = _C._hist_c_thread_alloc(a, 4096, 50, keep=5)
+    kept, blocked = testext.hist_c_thread_alloc(a, 4096, 50, keep=5)
     assert not blocked and len(kept) == 5
     mine = a.malloc(4096)
     snap = history.snapshot()

@@ -25,6 +25,8 @@ from gpumem._unpickle import load_snapshot
 
 from test_history_support import check_snapshot, check_tiling
 
+import testext
+
 MiB, GiB = 1 << 20, 1 << 30
 JS_LIMIT = 1 << 53
 REPO = Path(__file__).resolve().parent.parent
@@ -222,8 +224,8 @@ def test_crash_mid_dump_never_leaves_a_truncated_file(tmp_path, first_ok):
 @pytest.mark.parametrize("expandable", [False, True], ids=["plain", "expandable"])
 @pytest.mark.parametrize("max_entries", [100_000, 37], ids=["full", "bounded"])
 def test_random_workload_snapshots_are_consistent(expandable, max_entries):
-    a = _C.Allocator(capacity=256 * MiB, event_mode="after_n", event_after_n=3,
-                     settings={"expandable_segments": expandable})
+    dev = testext.SimDevice(capacity=256 * MiB, event_mode="after_n", event_after_n=3)
+    a = _C.Allocator(device_backend=dev, settings={"expandable_segments": expandable})
     history.record_memory_history(max_entries=max_entries)
     rng = random.Random(7 if expandable else 8)
     total = 0
@@ -241,7 +243,7 @@ def test_random_workload_snapshots_are_consistent(expandable, max_entries):
 
 
 def test_pending_frees_show_as_active_pending_free():
-    a = _C.Allocator(event_mode="never")
+    a = _C.Allocator(device_backend=testext.SimDevice(event_mode="never"))
     history.record_memory_history()
     p = a.malloc(5000)
     a.record_stream(p, 3)
@@ -319,7 +321,8 @@ def test_settings_appear_in_allocator_settings():
 # ------------------------------------------------------------ concurrency
 
 def test_threads_allocating_while_snapshotting_stay_consistent():
-    a = _C.Allocator(capacity=64 * GiB, event_mode="after_n", event_after_n=2)
+    a = _C.Allocator(device_backend=testext.SimDevice(capacity=64 * GiB, event_mode="after_n",
+                                                      event_after_n=2))
     history.record_memory_history(max_entries=3000)
     errors, stop = [], threading.Event()
 
@@ -345,7 +348,7 @@ def test_threads_allocating_while_snapshotting_stay_consistent():
     @guarded
     def c_worker():  # allocates with the GIL released: truly concurrent
         for _ in range(2000):
-            kept, blocked = _C._hist_c_thread_alloc(a, 8192, 100, keep=0, hold_gil=False)
+            kept, blocked = testext.hist_c_thread_alloc(a, 8192, 100, keep=0, hold_gil=False)
             assert not blocked and kept == []
             if stop.is_set():
                 break
@@ -353,7 +356,7 @@ def test_threads_allocating_while_snapshotting_stay_consistent():
     @guarded
     def gilfree_capture():  # takes the GIL back through PyGILState_Ensure
         for _ in range(100000):
-            assert _C._hist_capture_without_gil(1)
+            assert testext.hist_capture_without_gil(1)
             if stop.is_set():
                 break
 
@@ -383,7 +386,7 @@ def test_capture_after_releasing_the_gil_takes_it_back():
     history.record_memory_history()
 
     def here():
-        return _C._hist_capture_without_gil(1)
+        return testext.hist_capture_without_gil(1)
 
     tb = here()
     names = [f["name"] for f in _C._hist_traceback(tb)]
@@ -393,7 +396,8 @@ def test_capture_after_releasing_the_gil_takes_it_back():
 # ------------------------------------------------------------ torch's tools
 
 def _demo_snapshot(tmp_path):
-    a = _C.Allocator(capacity=1 * GiB, event_mode="after_n", event_after_n=2)
+    a = _C.Allocator(device_backend=testext.SimDevice(capacity=1 * GiB, event_mode="after_n",
+                                                      event_after_n=2))
     history.record_memory_history()
 
     def layer(n):
@@ -477,6 +481,8 @@ def test_real_snapshots_still_check_out_with_the_checker():
 EXIT_SCRIPT = textwrap.dedent("""
     import atexit, sys, threading
     from gpumem import _C, history
+    sys.path.insert(0, sys.argv[3])
+    import testext
     a = _C.Allocator()
     history.record_memory_history(stacks=sys.argv[2])
 
@@ -490,11 +496,11 @@ EXIT_SCRIPT = textwrap.dedent("""
 
     def spin_without_gil():
         while True:
-            _C._hist_capture_without_gil(1)
+            testext.hist_capture_without_gil(1)
 
     def c_threads():
         while True:
-            _C._hist_c_thread_alloc(a, 4096, 50, hold_gil=False)
+            testext.hist_c_thread_alloc(a, 4096, 50, hold_gil=False)
 
     for target in (spin_without_gil, spin_without_gil, c_threads):
         threading.Thread(target=target, daemon=True).start()
@@ -509,7 +515,8 @@ def test_interpreter_exit_with_capturing_daemon_threads(tmp_path, stacks):
     path = tmp_path / "exit.pickle"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for _ in range(3):
-        r = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(path), stacks], env=env,
+        r = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(path), stacks,
+                            str(REPO / "tests")], env=env,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "main done" in r.stdout, r.stderr[-3000:]
         snap = load_snapshot(path)

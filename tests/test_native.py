@@ -20,7 +20,9 @@ The C binaries link csrc/core and csrc/device directly (not the Python
 module).
 
 The last test builds the extension with GM_SANITIZE=1 and imports it under
-LD_PRELOAD=libasan in a subprocess.
+LD_PRELOAD=libasan in a subprocess, together with the test-only extension
+(tests/ext) built with the same sanitizers, which drives it through
+device_backend= and the core API capsule.
 
 Only a missing C compiler skips these tests.
 """
@@ -159,6 +161,10 @@ _fcb_spec = importlib.util.spec_from_file_location(
     "gpumem_tests_fakecuda_build", os.path.join(ROOT, "tests", "fakecuda", "build.py"))
 fakecuda_build = importlib.util.module_from_spec(_fcb_spec)
 _fcb_spec.loader.exec_module(fakecuda_build)
+_teb_spec = importlib.util.spec_from_file_location(
+    "gpumem_tests_ext_build", os.path.join(ROOT, "tests", "ext", "build.py"))
+testext_build = importlib.util.module_from_spec(_teb_spec)
+_teb_spec.loader.exec_module(testext_build)
 
 
 def find_cc():
@@ -350,6 +356,41 @@ SMOKE = textwrap.dedent(
         if hasattr(a, "check"):
             print("check:", a.check())
         del a
+    if os.environ.get("GM_TESTEXT_SO"):
+        # The test-only extension (sanitized too) on the sanitized module.
+        import importlib.machinery, importlib.util
+        so = os.environ["GM_TESTEXT_SO"]
+        loader = importlib.machinery.ExtensionFileLoader("_testext", so)
+        t = importlib.util.module_from_spec(
+            importlib.util.spec_from_file_location("_testext", so, loader=loader))
+        dev = t.SimDevice(capacity=1 << 30, event_mode="never")
+        a = C.Allocator(device_backend=dev, record_trace=True)
+        p = a.malloc(5000)
+        a.record_stream(p, 3)
+        a.free(p)
+        dev.complete_events()
+        a.process_events()
+        dev.set_failure(fail_above=4 << 20)
+        try:
+            a.malloc(8 << 20)
+        except MemoryError:
+            pass
+        dev.set_failure()
+        print("counters:", dev.counters()["calls"])
+        print("bench_pairs:", t.bench_pairs(a, 4096, 1000))
+        kept, blocked = t.hist_c_thread_alloc(a, 4096, 10, keep=2)
+        for q in kept:
+            a.free(q)
+        t.hist_capture_in_c_thread(1)
+        t.hist_capture_without_gil(1)
+        t.hist_walk_only(3)
+        a.take_trace()
+        print("check:", a.check())
+        del dev  # the Allocator keeps it alive
+        a.free(a.malloc(3 << 20))
+        a.empty_cache()
+        del a
+        print("TESTEXT OK")
     print("SMOKE OK")
     """
 )
@@ -385,6 +426,8 @@ def test_extension_under_asan(tmp_path):
     init = lib / "gpumem" / "__init__.py"
     if not init.exists():
         init.write_text("")
+    # The test-only extension, with the same sanitizers, by the same compiler.
+    testext_so = testext_build.build(tmp_path / "testext", testext_build.SANITIZE, cc=CC)
     libasan = subprocess.run(CC + ["-print-file-name=libasan.so"], capture_output=True,
                              text=True).stdout.strip()
     assert os.path.isabs(libasan) and os.path.exists(libasan), (
@@ -392,6 +435,7 @@ def test_extension_under_asan(tmp_path):
     run_env = dict(os.environ)
     run_env.pop("PYTHONPATH", None)
     run_env.update(
+        GM_TESTEXT_SO=str(testext_so),
         LD_PRELOAD=libasan,
         ASAN_OPTIONS="detect_leaks=0",
         UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
@@ -401,5 +445,5 @@ def test_extension_under_asan(tmp_path):
     out = p.stdout + p.stderr
     for marker in SANITIZER_MARKERS:
         assert marker not in out, "sanitizer report in the extension smoke run:\n%s" % out[-8000:]
-    assert p.returncode == 0 and "SMOKE OK" in p.stdout, (
+    assert p.returncode == 0 and "TESTEXT OK" in p.stdout and "SMOKE OK" in p.stdout, (
         "extension smoke run failed (%d):\n%s" % (p.returncode, out[-8000:]))

@@ -1,16 +1,22 @@
 /*
  * core_api.c - publishes the allocator core to code outside this extension
- * (the torch shim) as the capsule gpumem._C._core_api (see core_api.h).
+ * (the torch shim, and the test-only extension under tests/ext) as the
+ * capsule gpumem._C._core_api (see core_api.h).
  *
  * Only adapters live here: the driver handle is shared with
- * gpumem._C.Allocator (pyalloc.c), the out-of-memory text and the stats dict
- * with the Python layer (module.c), so the shim and Python can never
- * disagree. Nothing here takes the GIL or an allocator lock of its own.
+ * gpumem._C.Allocator (cuda_driver.c), the out-of-memory text (errors.c),
+ * the stats dict (stats.c) and settings (settings.c) with the Python layer,
+ * so the shim and Python can never disagree. Nothing here takes the GIL or
+ * an allocator lock of its own.
  */
 #include "../device/cuda_backend.h"
 #include "../history/hist.h"
+#include "allocator.h"
 #include "core_api.h"
-#include "pyutil.h"
+#include "cuda_driver.h"
+#include "errors.h"
+#include "settings.h"
+#include "stats.h"
 
 static int api_cuda_device_count(int *count, char *err, size_t errlen) {
     gm_cuda_t *c = NULL;
@@ -92,6 +98,8 @@ static const gm_core_api_t core_api = {
     .format_oom = gm_py_format_oom,
     .stats_dict = api_stats_dict,
     .settings_from_obj = api_settings_from_obj,
+    .allocator_core = gm_py_allocator_core,
+    .raise_error = gm_py_raise,
 };
 
 int gm_py_core_api_init(PyObject *module) {

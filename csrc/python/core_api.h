@@ -16,7 +16,8 @@
  *   - cuda_create/cuda_device_count/mem_get_info load the CUDA driver on
  *     first use ($GPUMEM_LIBCUDA or libcuda.so.1) under a process-wide
  *     mutex; they do not need the GIL either.
- *   - The Python helpers (stats_dict, settings_from_obj) need the GIL.
+ *   - The Python helpers (stats_dict, settings_from_obj, allocator_core,
+ *     raise_error) need the GIL.
  * Nothing here allocates a Python object while an allocator lock is held.
  */
 #ifndef GM_PYTHON_CORE_API_H
@@ -33,6 +34,13 @@ extern "C" {
 
 #define GM_CORE_API_VERSION 1
 #define GM_CORE_API_CAPSULE "gpumem._C._core_api"
+
+/* Allocator(device_backend=obj) runs the core on a device that obj owns:
+ * obj.gm_backend is a capsule of this name holding a const gm_backend_t *
+ * (device/backend.h). The Allocator keeps obj alive for as long as its core
+ * may call the backend, and never frees the backend. The backend follows
+ * backend.h's rules (thread-safe, never takes the GIL). */
+#define GM_BACKEND_CAPSULE "gpumem.backend"
 
 struct _object; /* PyObject, without requiring Python.h here */
 
@@ -83,7 +91,18 @@ typedef struct gm_core_api {
     struct _object *(*stats_dict)(const gm_stats_t *st);
     /* dict (or None) -> settings: 0, or -1 with a Python exception set. */
     int (*settings_from_obj)(struct _object *obj, gm_settings_t *out);
+
+    /* ---- appended: for code that drives a gpumem._C.Allocator (tests) ---- */
+    /* The core of a gpumem._C.Allocator (borrowed: valid while the object
+     * lives), or NULL with a Python exception set. GIL held. */
+    gm_alloc_t *(*allocator_core)(struct _object *allocator);
+    /* Set the exception gpumem raises for a GM_E* code (detail may be NULL)
+     * and return NULL, as gpumem._C's own functions do. GIL held. */
+    struct _object *(*raise_error)(int code, const char *detail);
 } gm_core_api_t;
+
+/* gpumem._C only (core_api.c): publish the table as the capsule. */
+int gm_py_core_api_init(struct _object *module);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,8 @@
 /*
  * hist_snapshot.c - the Python half of memory history: snapshot dicts in
- * torch's schema, plus the _C functions behind gpumem.history.
+ * torch's schema (events and frames here; segments and blocks through
+ * segments.c, the builder Allocator.segments() uses too), plus the _C
+ * functions behind gpumem.history and the capsule gpumem._C._hist_api.
  *
  * A snapshot is taken in two phases. gm_hist_copy (recorder.c) copies
  * segments, blocks and rings into plain C arrays under the allocator locks,
@@ -14,7 +16,11 @@
 
 #include "../history/hist.h"
 #include "../history/intern.h"
-#include "pyutil.h"
+#include "errors.h"
+#include "hist_capture.h"
+#include "hist_snapshot.h"
+#include "segments.h"
+#include "settings.h"
 
 #define MAX_JS_INT (((uint64_t)1 << 53) - 1)
 
@@ -22,20 +28,14 @@
  * (protected by: GIL). */
 enum {
     K_NAME, K_FILENAME, K_LINE, K_ACTION, K_ADDR, K_DEVICE_FREE, K_SIZE, K_STREAM, K_TIME_US,
-    K_COMPILE_CONTEXT, K_USER_METADATA, K_FRAMES, K_DEVICE, K_ADDRESS, K_TOTAL_SIZE,
-    K_ALLOCATED_SIZE, K_ACTIVE_SIZE, K_REQUESTED_SIZE, K_SEGMENT_TYPE, K_SEGMENT_POOL_ID,
-    K_IS_EXPANDABLE, K_BLOCKS, K_STATE, K_CO_FILENAME, K_CO_NAME, V_NA, V_UNKNOWN, V_SMALL,
-    V_LARGE, K_COUNT
+    K_COMPILE_CONTEXT, K_USER_METADATA, K_FRAMES, K_CO_FILENAME, K_CO_NAME, V_NA, V_UNKNOWN,
+    K_COUNT
 };
 static const char *const key_text[K_COUNT] = {
     "name", "filename", "line", "action", "addr", "device_free", "size", "stream", "time_us",
-    "compile_context", "user_metadata", "frames", "device", "address", "total_size",
-    "allocated_size", "active_size", "requested_size", "segment_type", "segment_pool_id",
-    "is_expandable", "blocks", "state", "co_filename", "co_name", "N/A", "??", "small", "large"};
+    "compile_context", "user_metadata", "frames", "co_filename", "co_name", "N/A", "??"};
 static PyObject *keys[K_COUNT];
 static PyObject *action_str[GM_ACT_COUNT];
-static PyObject *state_str[3];
-static PyObject *pool_id; /* (0, 0) */
 
 typedef struct cframe_entry {
     uintptr_t addr; /* 0 = empty slot */
@@ -286,30 +286,21 @@ static PyObject *event_dict(builder_t *b, const gm_hist_event_t *e) {
     return d;
 }
 
-static PyObject *block_dict(builder_t *b, const gm_hist_block_t *blk) {
-    int state = blk->state <= GM_BLOCK_ACTIVE_PENDING_FREE ? blk->state : GM_BLOCK_INACTIVE;
-    int active = state != GM_BLOCK_INACTIVE;
-    PyObject *frames = tb_frames(b, active ? blk->ctx : 0);
-    PyObject *d = frames ? PyDict_New() : NULL;
-    if (!d)
-        return NULL;
-    if (put(d, keys[K_ADDRESS], new_int(b, blk->address)) < 0 ||
-        put(d, keys[K_SIZE], new_int(b, blk->size)) < 0 ||
-        put(d, keys[K_REQUESTED_SIZE], new_int(b, active ? blk->requested_size : 0)) < 0 ||
-        put_borrowed(d, keys[K_STATE], state_str[state]) < 0 ||
-        put_borrowed(d, keys[K_FRAMES], frames) < 0) {
-        Py_DECREF(d);
-        return NULL;
-    }
-    return d;
-}
-
+/* The snapshot's segment `s` through the dict builders of segments.c, with
+ * frames from this snapshot's tracebacks (an inactive block has none). */
 static PyObject *segment_dict(builder_t *b, const gm_hist_copy_t *c, const gm_hist_segment_t *s) {
     PyObject *blocks = PyList_New((Py_ssize_t)s->nblocks);
     if (!blocks)
         return NULL;
     for (size_t i = 0; i < s->nblocks; i++) {
-        PyObject *bd = block_dict(b, &c->blocks[s->first_block + i]);
+        const gm_hist_block_t *hb = &c->blocks[s->first_block + i];
+        gm_block_info_t info = {.address = hb->address, .size = hb->size,
+                                .requested_size = hb->requested_size, .state = hb->state,
+                                .ctx = hb->ctx};
+        int active = info.state == GM_BLOCK_ACTIVE_ALLOCATED ||
+                     info.state == GM_BLOCK_ACTIVE_PENDING_FREE;
+        PyObject *frames = tb_frames(b, active ? hb->ctx : 0);
+        PyObject *bd = frames ? gm_py_block_dict(&info, frames, b->clamp) : NULL;
         if (!bd) {
             Py_DECREF(blocks);
             return NULL;
@@ -317,31 +308,17 @@ static PyObject *segment_dict(builder_t *b, const gm_hist_copy_t *c, const gm_hi
         PyList_SET_ITEM(blocks, (Py_ssize_t)i, bd);
     }
     PyObject *frames = tb_frames(b, s->ctx);
-    PyObject *d = frames ? PyDict_New() : NULL;
-    if (!d) {
+    if (!frames) {
         Py_DECREF(blocks);
         return NULL;
     }
-    if (put(d, keys[K_DEVICE], PyLong_FromLong(s->device)) < 0 ||
-        put(d, keys[K_ADDRESS], new_int(b, s->address)) < 0 ||
-        put(d, keys[K_TOTAL_SIZE], new_int(b, s->total_size)) < 0 ||
-        put(d, keys[K_ALLOCATED_SIZE], new_int(b, s->allocated_size)) < 0 ||
-        put(d, keys[K_ACTIVE_SIZE], new_int(b, s->active_size)) < 0 ||
-        put(d, keys[K_REQUESTED_SIZE], new_int(b, s->requested_size)) < 0 ||
-        put(d, keys[K_STREAM], new_int(b, s->stream)) < 0 ||
-        put_borrowed(d, keys[K_SEGMENT_TYPE], keys[s->is_small ? V_SMALL : V_LARGE]) < 0 ||
-        put_borrowed(d, keys[K_SEGMENT_POOL_ID], pool_id) < 0 ||
-        put_borrowed(d, keys[K_IS_EXPANDABLE], s->is_expandable ? Py_True : Py_False) < 0 ||
-        put_borrowed(d, keys[K_FRAMES], frames) < 0) {
-        Py_DECREF(blocks);
-        Py_DECREF(d);
-        return NULL;
-    }
-    if (put(d, keys[K_BLOCKS], blocks) < 0) { /* steals blocks */
-        Py_DECREF(d);
-        return NULL;
-    }
-    return d;
+    gm_segment_info_t info = {.address = s->address, .total_size = s->total_size,
+                              .allocated_size = s->allocated_size,
+                              .active_size = s->active_size,
+                              .requested_size = s->requested_size, .stream = s->stream,
+                              .is_small = s->is_small, .is_expandable = s->is_expandable,
+                              .ctx = s->ctx, .nblocks = s->nblocks};
+    return gm_py_segment_dict(s->device, &info, frames, blocks, b->clamp);
 }
 
 /* (segments, device_traces, settings dict or None) */
@@ -508,12 +485,6 @@ int gm_py_hist_snapshot_init(PyObject *module) {
     for (int i = 0; i < GM_ACT_COUNT; i++)
         if (!(action_str[i] = PyUnicode_InternFromString(gm_action_name(i))))
             return -1;
-    static const char *const states[3] = {"inactive", "active_allocated", "active_pending_free"};
-    for (int i = 0; i < 3; i++)
-        if (!(state_str[i] = PyUnicode_InternFromString(states[i])))
-            return -1;
-    if (!(pool_id = Py_BuildValue("(ii)", 0, 0)))
-        return -1;
     if (PyModule_AddFunctions(module, snapshot_methods) < 0)
         return -1;
     PyObject *cap = PyCapsule_New((void *)&hist_api, "gpumem._C._hist_api", NULL);

@@ -1,0 +1,205 @@
+/*
+ * hist_threads.c - memory history driven from threads in every state, for
+ * tests and benchmarks: _testext.hist_capture_without_gil,
+ * hist_c_thread_alloc, hist_capture_in_c_thread and hist_walk_only.
+ *
+ * Invariants: captures go through gpumem._C's own entry point
+ * (gm_hist_api_t.capture, the one the torch shim calls) and allocations
+ * through the core API table, so what is tested is the shipped code.
+ * Threads started here have no Python thread state, like autograd's; a
+ * caller that keeps the GIL while joining one learns whether the capture
+ * tried to take it (`blocked`).
+ * Must not: leave a thread running after its call returns.
+ */
+#include <pthread.h>
+#include <time.h>
+
+#include "testext.h"
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h> /* PyFrame_GetBack is declared here before 3.11 */
+#endif
+
+/* _testext.hist_capture_without_gil(level) -> id: capture from this Python
+ * thread after releasing the GIL (the PyGILState_Ensure path). */
+static PyObject *py_capture_without_gil(PyObject *self, PyObject *arg) {
+    long level = PyLong_AsLong(arg);
+    if (level == -1 && PyErr_Occurred())
+        return NULL;
+    uint32_t id;
+    Py_BEGIN_ALLOW_THREADS
+    id = tx_hist->capture((int)level);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLong(id);
+}
+
+typedef struct c_thread_job {
+    gm_alloc_t *alloc;
+    size_t size;
+    uintptr_t stream;
+    long n, keep;
+    uintptr_t *ptrs;
+    int rc;
+} c_thread_job_t;
+
+/* A thread with no Python thread state, like autograd's: it captures (C
+ * frames only, if any) and allocates the way the torch shim will. */
+static void *c_thread_main(void *arg) {
+    c_thread_job_t *j = arg;
+    for (long i = 0; i < j->n && j->rc == GM_OK; i++)
+        j->rc = tx_core->malloc(j->alloc, j->size, j->stream,
+                                tx_hist->capture(GM_HIST_CTX_STATE), &j->ptrs[i], NULL);
+    for (long i = 0; i < j->n - j->keep && j->rc == GM_OK; i++)
+        j->rc = tx_core->free(j->alloc, j->ptrs[i], tx_hist->capture(GM_HIST_CTX_ALL));
+    return NULL;
+}
+
+/* Wait for th; with hold_gil the GIL stays held, and 1 is returned if the
+ * thread did not finish within timeout seconds (it is then joined with the
+ * GIL released). */
+static int join_thread(pthread_t th, int hold_gil, double timeout) {
+    int blocked = 0;
+    if (hold_gil) {
+        struct timespec deadline;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += (time_t)timeout;
+        deadline.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+        blocked = pthread_timedjoin_np(th, NULL, &deadline) != 0;
+    }
+    if (blocked || !hold_gil) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(th, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    return blocked;
+}
+
+/* _testext.hist_c_thread_alloc(allocator, size, n, keep=0, stream=0, timeout_s=10,
+ *                         hold_gil=True) -> (kept ptrs, blocked)
+ * n mallocs then n - keep frees on a new pthread. With hold_gil this thread
+ * keeps the GIL meanwhile, so `blocked` would be True if capture waited for
+ * the GIL; without it, other Python threads run concurrently. */
+static PyObject *py_c_thread_alloc(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"allocator", "size", "n", "keep", "stream", "timeout_s",
+                             "hold_gil", NULL};
+    PyObject *obj;
+    unsigned long long size, stream = 0;
+    long n, keep = 0;
+    double timeout = 10.0;
+    int hold_gil = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OKl|lKdp", kwlist, &obj, &size, &n, &keep,
+                                     &stream, &timeout, &hold_gil))
+        return NULL;
+    gm_alloc_t *a = tx_core->allocator_core(obj);
+    if (!a)
+        return NULL;
+    if (n <= 0 || keep < 0 || keep > n || n > 1000000)
+        return tx_core->raise_error(GM_EINVAL, "need 0 < n <= 1000000 and 0 <= keep <= n");
+    c_thread_job_t job = {a, (size_t)size, (uintptr_t)stream, n, keep, NULL, GM_OK};
+    if (!(job.ptrs = calloc((size_t)n, sizeof *job.ptrs)))
+        return PyErr_NoMemory();
+    Py_INCREF(obj); /* the allocator outlives the thread */
+    pthread_t th;
+    if (pthread_create(&th, NULL, c_thread_main, &job)) {
+        free(job.ptrs);
+        Py_DECREF(obj);
+        return PyErr_Format(PyExc_RuntimeError, "pthread_create failed");
+    }
+    int blocked = join_thread(th, hold_gil, timeout);
+    Py_DECREF(obj);
+    PyObject *kept = NULL;
+    if (job.rc)
+        tx_core->raise_error(job.rc, "in the C thread");
+    else if ((kept = PyList_New(0)))
+        for (long i = n - keep; i < n; i++) {
+            PyObject *p = PyLong_FromUnsignedLongLong(job.ptrs[i]);
+            if (!p || PyList_Append(kept, p) < 0) {
+                Py_XDECREF(p);
+                Py_CLEAR(kept);
+                break;
+            }
+            Py_DECREF(p);
+        }
+    free(job.ptrs);
+    if (!kept)
+        return NULL;
+    return Py_BuildValue("(NO)", kept, blocked ? Py_True : Py_False);
+}
+
+typedef struct cthread {
+    int level;
+    uint32_t id;
+} cthread_t;
+
+static void *cthread_main(void *p) {
+    cthread_t *t = p;
+    t->id = tx_hist->capture(t->level);
+    return NULL;
+}
+
+/* _testext.hist_capture_in_c_thread(level, timeout_s) -> (id, blocked).
+ * Runs the capture on a new pthread that has no Python thread state while
+ * this thread keeps holding the GIL: a capture that tried to take the GIL
+ * would not finish in time (blocked is then True, and the thread is joined
+ * with the GIL released). */
+static PyObject *py_capture_in_c_thread(PyObject *self, PyObject *args) {
+    int level;
+    double timeout = 5.0;
+    if (!PyArg_ParseTuple(args, "i|d", &level, &timeout))
+        return NULL;
+    cthread_t t = {level, 0};
+    pthread_t th;
+    if (pthread_create(&th, NULL, cthread_main, &t))
+        return PyErr_Format(PyExc_RuntimeError, "pthread_create failed");
+    int blocked = join_thread(th, 1, timeout);
+    return Py_BuildValue("(kO)", (unsigned long)t.id, blocked ? Py_True : Py_False);
+}
+
+/* _testext.hist_walk_only(n) -> None: walk the caller's frames n times with
+ * exactly the public calls walk_frames (csrc/python/hist_capture.c) makes
+ * and nothing else (no buffer, no hash, no interning): the floor a capture
+ * of this stack cannot go below. For benchmarks/history_overhead.py. */
+static PyObject *py_walk_only(PyObject *self, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    volatile uintptr_t sink = 0;
+    for (long i = 0; i < n; i++) {
+        PyFrameObject *f = PyEval_GetFrame();
+        Py_XINCREF(f);
+        while (f) {
+            PyCodeObject *co = PyFrame_GetCode(f);
+#if PY_VERSION_HEX >= 0x030B0000
+            sink += (uintptr_t)co + (uintptr_t)PyFrame_GetLasti(f);
+#else
+            sink += (uintptr_t)co + (uintptr_t)PyFrame_GetLineNumber(f);
+#endif
+            Py_DECREF(co);
+            PyFrameObject *back = PyFrame_GetBack(f);
+            Py_DECREF(f);
+            f = back;
+        }
+    }
+    (void)sink;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"hist_c_thread_alloc", (PyCFunction)(void (*)(void))py_c_thread_alloc,
+     METH_VARARGS | METH_KEYWORDS,
+     "hist_c_thread_alloc(allocator, size, n, keep=0, stream=0, timeout_s=10, hold_gil=True)"
+     " -> (kept ptrs, blocked): allocate from a thread with no Python thread state"},
+    {"hist_capture_without_gil", py_capture_without_gil, METH_O,
+     "hist_capture_without_gil(level) -> id, captured with the GIL released first"},
+    {"hist_walk_only", py_walk_only, METH_O,
+     "hist_walk_only(n): walk the caller's frames n times through the public frame API "
+     "and record nothing (the floor of a capture, for benchmarks)"},
+    {"hist_capture_in_c_thread", py_capture_in_c_thread, METH_VARARGS,
+     "hist_capture_in_c_thread(level, timeout_s=5) -> (id, blocked): capture on a thread "
+     "with no Python thread state while the caller holds the GIL"},
+    {NULL, NULL, 0, NULL}};
+
+int tx_hist_threads_init(PyObject *module) { return PyModule_AddFunctions(module, methods); }
