@@ -21,6 +21,8 @@ import pytest
 from test_sim_helpers import sim_lib_dir
 from test_torch_common import ROOT, _env, built_shim
 
+pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
+
 MiB = 1 << 20
 
 # name -> (script, extra args, simulate options)

@@ -305,11 +305,13 @@ def run_json(lib: Path, body: str, env: dict | None = None):
 # build, exports and loader hygiene
 
 
+@pytest.mark.slow
 def test_build_has_no_warnings(lib):
     info = json.loads((lib.parent / (lib.name + ".buildinfo")).read_text())
     assert info["warnings"].strip() == "", info["warnings"]
 
 
+@pytest.mark.slow
 def test_build_is_cached_and_rebuilt_on_change(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(DRIVER_DIR, src)
@@ -327,6 +329,7 @@ def test_build_is_cached_and_rebuilt_on_change(tmp_path):
         build_libcuda(out, cuda_include=None, src_dir=src)
 
 
+@pytest.mark.slow
 def test_build_cli(tmp_path):
     proc = subprocess.run([sys.executable, str(FAKE_DIR / "build.py"), str(tmp_path), "--no-cuda-h"],
                           capture_output=True, text=True)
@@ -478,6 +481,7 @@ def test_fallback_header_matches_cuda_h(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_sanitizer_build_runs_clean(tmp_path):
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
     probe = tmp_path / "probe.c"

@@ -44,6 +44,8 @@ from gpumem._unpickle import load_snapshot
 from test_history_support import check_snapshot
 from test_torch_common import TRANSFORMER, run_gm, run_py
 
+pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
+
 MiB = 1 << 20
 
 # Sizes of the known patterns (odd values no other allocation has).

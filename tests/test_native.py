@@ -296,10 +296,22 @@ def run_checked(build_name, argv, min_passed=1, env=None):
     return out
 
 
+# The fast tier runs the unit tests once on each backend and one stress run;
+# the sanitizer and GM_DEBUG=3 builds and the other modes are marked slow.
+FAST_UNIT = {("normal", "sim", "plain"), ("normal", "cuda", "expandable")}
+FAST_STRESS = {"normal-segments"}
+
+
+def _speed(fast):
+    return () if fast else pytest.mark.slow
+
+
 @needs_cc
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("build_name", list(BUILDS))
+@pytest.mark.parametrize(
+    "build_name,backend,mode",
+    [pytest.param(b, be, m, id="%s-%s-%s" % (b, be, m), marks=_speed((b, be, m) in FAST_UNIT))
+     for b in BUILDS for be in BACKENDS for m in MODES],
+)
 def test_c_unit(build_name, backend, mode):
     bins = build(build_name)
     argv = [bins["unit"], "--backend=" + backend] + MODES[mode] + UNIT_ARGS[build_name]
@@ -318,9 +330,10 @@ def test_c_unit(build_name, backend, mode):
 @needs_cc
 @pytest.mark.parametrize(
     "build_name,backend,args,min_passed",
-    [pytest.param(b, "sim", args, n, id="%s-%s" % (b, rid))
+    [pytest.param(b, "sim", args, n, id="%s-%s" % (b, rid),
+                  marks=_speed("%s-%s" % (b, rid) in FAST_STRESS))
      for b in BUILDS for rid, args, n in STRESS_RUNS[b]]
-    + [pytest.param(b, "cuda", args, n, id="%s-cuda-%s" % (b, rid))
+    + [pytest.param(b, "cuda", args, n, id="%s-cuda-%s" % (b, rid), marks=pytest.mark.slow)
        for b in BUILDS for rid, args, n in STRESS_RUNS_CUDA[b]],
 )
 def test_c_stress(build_name, backend, args, min_passed):
@@ -401,6 +414,7 @@ def _have_python_sources():
 
 
 @needs_cc
+@pytest.mark.slow
 @pytest.mark.skipif(not _have_python_sources(), reason="csrc/python has no sources yet")
 def test_extension_under_asan(tmp_path):
     try:

@@ -12,7 +12,11 @@ from __future__ import annotations
 import os
 import pickle
 
+import pytest
+
 from test_torch_common import run_gm
+
+pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -9,8 +9,12 @@ from __future__ import annotations
 import pickle
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from test_sim_helpers import sim_lib_dir
 from test_torch_common import built_shim, run_gm
+
+pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 
 MiB = 1 << 20
 

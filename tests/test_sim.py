@@ -72,6 +72,7 @@ def test_tensors_streams_events_and_copies():
     assert out["registered_functions"] > 10000  # libtorch_cuda's kernels registered at import
 
 
+@pytest.mark.slow
 def test_two_devices_and_peer_copies():
     out = run_sim(textwrap.dedent('''
         import torch
@@ -94,6 +95,7 @@ def test_two_devices_and_peer_copies():
     assert out["stubs_hit"] == []
 
 
+@pytest.mark.slow
 def test_device_count_before_cuda_init_comes_from_the_fake_nvml():
     # torch.cuda.device_count() asks NVML first; on a machine with real GPUs
     # the real NVML would count those.
@@ -106,6 +108,7 @@ def test_device_count_before_cuda_init_comes_from_the_fake_nvml():
     assert out == {"before": 3, "initialized": False, "runtime": 3}
 
 
+@pytest.mark.slow
 def test_caching_allocator_with_expandable_segments():
     out = run_sim(textwrap.dedent('''
         import torch
@@ -132,6 +135,7 @@ def test_caching_allocator_with_expandable_segments():
     assert out["mapped"] == out["after"]
 
 
+@pytest.mark.slow
 def test_caching_allocator_stats_snapshot_and_oom():
     out = run_sim(textwrap.dedent('''
         import torch
@@ -180,6 +184,7 @@ def test_caching_allocator_stats_snapshot_and_oom():
     assert out["driver"][2] == 32 * MiB
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,expected", [
     ("immediate", [True, True, True, True, True]),
     ("never", [False, False, False, False, True]),   # reusable only after a synchronize
@@ -208,6 +213,7 @@ def test_record_stream_reuse_waits_for_the_event(mode, expected):
     assert out["pending"] == 0
 
 
+@pytest.mark.slow
 def test_training_loop_runs_unchanged_and_peaks_repeat():
     out = run_sim(textwrap.dedent('''
         import pickle
@@ -280,6 +286,7 @@ def test_nothing_is_faked_without_the_launcher():
     assert any(p.endswith("libcudart.so.13") for p in out["paths"])
 
 
+@pytest.mark.slow
 def test_launcher_runs_a_command_and_writes_a_report(tmp_path):
     report_path = tmp_path / "report.json"
     code = ("import torch; x = torch.empty(3 << 20, dtype=torch.uint8, device='cuda:1'); "
@@ -296,6 +303,7 @@ def test_launcher_runs_a_command_and_writes_a_report(tmp_path):
     assert rep["calls"]["cudaMalloc"] == 1
 
 
+@pytest.mark.slow
 def test_launcher_errors_and_exit_status(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "gpumem.sim", "--memory", "lots", "--", "true"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -21,7 +21,7 @@ import pytest
 
 from test_sim_helpers import CC, ROOT, needs_cc, sim_lib_dir
 
-pytestmark = needs_cc
+pytestmark = [needs_cc, pytest.mark.slow]  # slow: left out of the fast tier (see pyproject.toml)
 
 SIM = ROOT / "csrc" / "sim"
 MAJOR = 13

@@ -20,7 +20,7 @@ import pytest
 from csrc_layers import layers
 from test_sim_helpers import CC, ROOT, needs_torch, run_sim
 
-pytestmark = needs_torch
+pytestmark = [needs_torch, pytest.mark.slow]  # slow: left out of the fast tier (see pyproject.toml)
 
 PLUGGABLE_C = r'''
 #include <pthread.h>

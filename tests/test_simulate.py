@@ -14,8 +14,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from gpumem import simulate
 from test_torch_common import _env, built_shim
+
+pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 
 GiB = 1 << 30
 

@@ -359,6 +359,7 @@ def real_snapshot_names() -> list[str]:
 REAL_NAMES = real_snapshot_names()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", REAL_NAMES)
 def test_summary_and_diff_on_real_snapshots(shared_snapshots, capsys, name):
     path = os.path.join(shared_snapshots, name)

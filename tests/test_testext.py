@@ -72,6 +72,7 @@ def test_build_has_no_warnings_and_is_cached():
     assert build.build() == path and path.stat().st_mtime_ns == mtime  # not compiled again
 
 
+@pytest.mark.slow
 def test_build_follows_sources_and_flags(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(build.HERE, src, ignore=shutil.ignore_patterns("build", "__pycache__"))

@@ -71,6 +71,7 @@ def test_install_after_a_cuda_tensor_exists():
     assert not o["installed"] and o["stats_torch"]
 
 
+@pytest.mark.slow
 @needs_torch
 @pytest.mark.parametrize("conf,names", [
     ("expandable_segments:Maybe", ["expandable_segments", "Maybe"]),
@@ -101,6 +102,7 @@ def test_bad_gpumem_alloc_conf_is_refused_at_install(conf, names):
     assert not o["cuda_initialized"] and not o["installed"]
 
 
+@pytest.mark.slow
 @needs_torch
 def test_settings_fall_back_to_torchs_variable():
     proc = run_py('''
@@ -122,6 +124,7 @@ def test_settings_fall_back_to_torchs_variable():
     assert conf["expandable_segments"] is False and conf["max_split_size"] == 64 << 20
 
 
+@pytest.mark.slow
 def test_torch_missing_entirely():
     # No torch (the import is blocked): gpumem and gpumem._C still import and
     # work; install() says what is missing.
@@ -152,6 +155,7 @@ def test_torch_missing_entirely():
     assert not o["torch_loaded"]
 
 
+@pytest.mark.slow
 def test_torch_shadowed_by_a_broken_package(tmp_path):
     # A PYTHONPATH entry whose `torch` fails to import (a half-installed wheel).
     shadow = tmp_path / "torch"
@@ -169,6 +173,7 @@ def test_torch_shadowed_by_a_broken_package(tmp_path):
     assert "libtorch_cpu.so" in proc.stdout
 
 
+@pytest.mark.slow
 def test_two_devices_and_raw_allocations():
     o = run_gm('''
         a = torch.empty(10 << 20, dtype=torch.uint8, device="cuda:0")

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from test_torch_common import run_gm
+
+pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 
 OOM_RE = re.compile(
     r"^CUDA out of memory\. Tried to allocate (?P<want>[\d.]+ [KMG]iB)\. GPU 0 has a total "

@@ -11,6 +11,8 @@ import pytest
 
 from test_torch_common import built_shim, last_json, run_py
 
+pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
+
 
 @pytest.fixture
 def shim_copy(tmp_path):

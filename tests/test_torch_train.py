@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
 from test_torch_common import TRANSFORMER, run_gm, run_py
+
+pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 
 
 def test_training_loop_memory_comes_from_gpumem():

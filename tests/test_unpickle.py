@@ -284,6 +284,7 @@ def test_normalize_accepts_dicts_directly():
         normalize_snapshot({"device_traces": [[{"action": "free_completed", "size": 1}]]})
 
 
+@pytest.mark.slow
 @needs_real
 @pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
 def test_real_snapshot_loads(path):

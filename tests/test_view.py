@@ -180,6 +180,7 @@ def test_caps_fold_and_merge():
     assert "folded" in notes and "sampled" in notes and "merges" in notes and "10 distinct" in notes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", REAL_NAMES)
 def test_view_of_real_snapshots(shared_snapshots, tmp_path, capsys, name):
     path = os.path.join(shared_snapshots, name)

@@ -38,8 +38,9 @@ from test_summary_diff import LOSS_LINE, PARAM_LINE, REAL_NAMES, needs_c, record
 from test_view import segments_only
 
 CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                                                         "(apt-get install chromium)")
+pytestmark = [pytest.mark.slow,  # left out of the fast tier (see pyproject.toml)
+              pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
+                                                          "(apt-get install chromium)")]
 WIDTH, HEIGHT = 1400, 1000
 
 

@@ -19,6 +19,8 @@ import pytest
 
 from gpumem import cli, view
 
+pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
+
 MiB = 1 << 20
 SLOT = 64 * MiB          # every allocation sits in its own 64 MiB slot of one segment
 BASE = 1 << 40
