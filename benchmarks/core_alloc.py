@@ -18,9 +18,11 @@ load + build + replay.
 --baseline REV measures another revision of this repository in the same
 run: REV is exported with `git archive` into a temporary folder, its core is
 compiled into its own pairs binary and its extension built in place, and
-the two trees are measured in alternating rounds (pairs at 4 KiB, replay of
-the largest snapshot). The result's "baseline" part gives both trees'
-figures and the ratios this tree / REV.
+the two trees are measured in alternating rounds: pairs at 4 KiB, one
+process per round and tree; replay of the largest snapshot with both
+extensions loaded in one process and fed the same operations, alternately
+(median of 40 replays per round). The result's "baseline" part gives both
+trees' figures and the ratios this tree / REV.
 Targets: <= 60 ns per pair, >= 5 M replayed events per second; against a
 baseline, pair p50 within 5% and replay throughput at least as high.
 """
@@ -98,6 +100,52 @@ def run_replay(tree: Path, snapshot: Path, repeats: int) -> dict:
     return json.loads(out.splitlines()[-1])
 
 
+# Both trees' extensions in one process, the same ops fed to each, in
+# alternating order; prints the median replay time of each (JSON).
+REPLAY_AB_SNIPPET = r"""
+import importlib.machinery, importlib.util, json, statistics, sys
+sys.path.insert(0, sys.argv[1])
+from gpumem import replay as r
+from gpumem._unpickle import load_snapshot
+
+def load(path, name):
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    mod = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path, loader=loader))
+    loader.exec_module(mod)
+    return mod
+
+mods = {"this": load(sys.argv[2], "this_tree._C"), "baseline": load(sys.argv[3], "baseline_tree._C")}
+snap = load_snapshot(sys.argv[4])
+ops = [r.build_ops(snap, d) for d in r.traced_devices(snap)]
+args = [(o.events, o.arrays(), max(r.DEFAULT_CAPACITY, 4 * o.peak_allocated_trace)) for o in ops]
+ns = {k: [] for k in mods}
+for i in range(int(sys.argv[5])):
+    for name in (["this", "baseline"] if i % 2 == 0 else ["baseline", "this"]):
+        total = 0
+        for _events, arrays, capacity in args:
+            total += mods[name].replay(*arrays, capacity=capacity,
+                                       settings=r.default_conf())["elapsed_ns"]
+        ns[name].append(total)
+events = sum(e for e, _, _ in args)
+print(json.dumps({k: events / (statistics.median(v) / 1e9) for k, v in ns.items()}))
+"""
+
+
+def extension_of(tree: Path) -> Path:
+    found = sorted((tree / "gpumem").glob("_C.*.so"))
+    if not found:
+        raise SystemExit(f"core_alloc.py: no built gpumem/_C in {tree}; build it with "
+                         "'python setup.py build_ext --inplace'")
+    return found[0]
+
+
+def replay_ab(base: Path, snapshot: Path, repeats: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", REPLAY_AB_SNIPPET, str(ROOT),
+                          str(extension_of(ROOT)), str(extension_of(base)), str(snapshot),
+                          str(repeats)], check=True, capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
 def export_tree(rev: str, dest: Path) -> Path:
     """REV of this repository, unpacked into dest, with its extension built in place."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev],
@@ -120,17 +168,15 @@ def compare(rev: str, snapshot: Path | None, rounds: int) -> dict:
             (work / name).mkdir()
             exes[name] = build_pairs(tree, work / name)
         pairs = {name: [] for name in trees}
-        replay = {name: [] for name in trees}
         for _ in range(rounds):
-            for name, tree in trees.items():
+            for name in trees:
                 pairs[name] += run_pairs(exes[name], 4096, 20, 20000)
-                if snapshot:
-                    replay[name].append(run_replay(tree, snapshot, 3)["replay_events_per_s"])
         res = {"rev": rev, "rounds": rounds}
+        replay = replay_ab(base, snapshot, 40 * rounds) if snapshot else {}
         for name in trees:
             res[f"{name}_pair_ns_p50"] = round(summary(pairs[name])["p50"], 2)
             if snapshot:
-                res[f"{name}_replay_events_per_s"] = round(statistics.median(replay[name]))
+                res[f"{name}_replay_events_per_s"] = round(replay[name])
         res["pair_p50_ratio"] = round(res["this_pair_ns_p50"] / res["baseline_pair_ns_p50"], 4)
         if snapshot:
             res["replay_ratio"] = round(res["this_replay_events_per_s"]
