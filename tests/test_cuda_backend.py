@@ -1,5 +1,5 @@
-"""gpumem's CUDA driver backend (csrc/device/cuda_backend.c) over the fake
-libcuda.so.1 (tests/fakecuda).
+"""gpumem's CUDA driver backend (csrc/device/cuda_backend.c and cuda_vmm.c)
+over the fake libcuda.so.1 (tests/fakecuda).
 
 Each scenario runs in its own subprocess: the fake reads its configuration
 (capacity, granularity, event mode, failure injection) once, at cuInit, and
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "fakecuda"))
 
 from build import build_fakecuda  # noqa: E402
 
-# The driver entry points gpumem's backend calls (cuda_backend.c).
+# The driver entry points gpumem's backend calls (DRIVER_FUNCS, cuda_internal.h).
 BACKEND_ENTRY_POINTS = [
     "cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetAttribute",
     "cuDevicePrimaryCtxRetain", "cuCtxGetCurrent", "cuCtxSetCurrent",

@@ -7,8 +7,8 @@ Three builds, each into tests/c/build/<build>/ (git-ignored):
 Each build runs the unit tests and the stress test in several modes, on two
 backends (tests/c/testdev.h):
   sim   the simulated device (csrc/device/sim.c)
-  cuda  the CUDA driver backend (csrc/device/cuda_backend.c) over the fake
-        libcuda.so.1 of csrc/sim/driver, built per build into
+  cuda  the CUDA driver backend (csrc/device/cuda_backend.c, cuda_vmm.c) over
+        the fake libcuda.so.1 of csrc/sim/driver, built per build into
         tests/c/build/fakecuda-<build>/ (with the same sanitizer flags for
         the sanitize build) and passed as GPUMEM_LIBCUDA
 and the unit tests once with expandable segments off and once on

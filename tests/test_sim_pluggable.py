@@ -3,11 +3,12 @@ torch.cuda.memory.CUDAPluggableAllocator.
 
 A minimal entry point (the full drop-in is another issue): the C file below
 is compiled with gpumem's core (csrc/core) and CUDA driver backend
-(csrc/device/cuda_backend.c) into one shared library whose gm_test_alloc /
-gm_test_free serve PyTorch's allocations from a gm_alloc_t per device. Under
-the simulator the backend talks to the fake libcuda.so.1 (GPUMEM_LIBCUDA),
-the same library the fake runtime uses, so the fake's accounting shows who
-allocated: gpumem's cuMemAlloc/cuMemCreate, never torch's cudaMalloc.
+(csrc/device/cuda_backend.c, cuda_vmm.c) into one shared library whose
+gm_test_alloc / gm_test_free serve PyTorch's allocations from a gm_alloc_t
+per device. Under the simulator the backend talks to the fake libcuda.so.1
+(GPUMEM_LIBCUDA), the same library the fake runtime uses, so the fake's
+accounting shows who allocated: gpumem's cuMemAlloc/cuMemCreate, never
+torch's cudaMalloc.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def pluggable_lib(tmp_path_factory):
     src = d / "gm_pluggable.c"
     src.write_text(PLUGGABLE_C)
     lib = d / "libgm_pluggable.so"
-    sources = layers.sources("base", "core") + [ROOT / "csrc" / "device" / "cuda_backend.c"]
+    sources = layers.sources("base", "core") + [ROOT / "csrc" / "device" / name
+                                                for name in ("cuda_backend.c", "cuda_vmm.c")]
     cmd = CC + ["-shared", "-fPIC", "-std=gnu11", "-O1", "-g", "-D_GNU_SOURCE",
                 "-I", str(ROOT / "csrc"), str(src), *map(str, sources), "-o", str(lib),
                 "-lpthread", "-ldl"]

@@ -5,7 +5,8 @@
  *
  * One gm_cuda_t per process serves every device: it holds the library,
  * the retained primary contexts and the physical handles of mapped
- * expandable-segment granules. Thread-safe. See cuda_backend.c for the rules.
+ * expandable-segment granules. Thread-safe. See cuda_backend.c and cuda_vmm.c
+ * for the rules.
  */
 #ifndef GM_DEVICE_CUDA_BACKEND_H
 #define GM_DEVICE_CUDA_BACKEND_H

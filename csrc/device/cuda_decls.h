@@ -2,7 +2,7 @@
  * cuda_decls.h - the CUDA driver API declarations gpumem needs, for builds
  * without the CUDA toolkit's cuda.h.
  *
- * With the toolkit present, setup.py defines GM_HAVE_CUDA_H and cuda_backend.c
+ * With the toolkit present, setup.py defines GM_HAVE_CUDA_H and cuda_internal.h
  * includes the real <cuda.h> instead, so every prototype and layout comes
  * from NVIDIA. Without it, these declarations are used; they use the same
  * names, values and layouts as cuda.h (CUDA 12/13), and
