@@ -6,7 +6,7 @@ Three builds, each into tests/c/build/<build>/ (git-ignored):
   debug3    -O2 -DGM_DEBUG=3 (the core checks itself after every operation)
 Each build runs the unit tests and the stress test in several modes, on two
 backends (tests/c/testdev.h):
-  sim   the simulated device (csrc/device/sim.c)
+  sim   the simulated device (csrc/device/sim.c, sim_memory.c)
   cuda  the CUDA driver backend (csrc/device/cuda_backend.c, cuda_vmm.c) over
         the fake libcuda.so.1 of csrc/sim/driver, built per build into
         tests/c/build/fakecuda-<build>/ (with the same sanitizer flags for

@@ -1,7 +1,7 @@
 /*
  * testdev.h - the device under the C tests, backend-neutral.
  *
- * A test device (tdev_t) is either the simulated device (csrc/device/sim.c,
+ * A test device (tdev_t) is either the simulated device (csrc/device/sim*.c,
  * the default) or the CUDA driver backend (csrc/device/cuda_*.c) over
  * the fake libcuda.so.1 of csrc/sim/driver, chosen once per process with
  * --backend=sim|cuda on the command line (tdev_parse_args) or

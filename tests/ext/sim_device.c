@@ -1,6 +1,6 @@
 /*
  * sim_device.c - _testext.SimDevice: a simulated device set of the test
- * module's own (its copy of csrc/device/sim.c) with the controls tests need:
+ * module's own (its copy of csrc/device/sim*.c) with the controls tests need:
  * failure injection, call and byte counters, event completion modes.
  *
  *     dev = _testext.SimDevice(capacity=..., event_mode="never")

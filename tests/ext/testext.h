@@ -6,8 +6,8 @@
  * _testext reaches gpumem._C only through its published capsules: the core
  * API (csrc/python/core_api.h) and memory history's entry points
  * (csrc/history/hist.h, gm_hist_api_t). Its simulated device is its own
- * copy of csrc/device/sim.c, handed to gpumem._C.Allocator through
- * device_backend= (GM_BACKEND_CAPSULE).
+ * copy of csrc/device/sim.c and sim_memory.c, handed to gpumem._C.Allocator
+ * through device_backend= (GM_BACKEND_CAPSULE).
  */
 #ifndef GM_TESTEXT_H
 #define GM_TESTEXT_H
