@@ -6,7 +6,8 @@ of gpumem's; core/ and history/ include neither <cuda.h> nor <Python.h>.
 Inside core/ each concept has its own header, and the graph of which file
 includes which concept's header must have no cycle: a .c file includes only
 the headers of what it calls, so this is the core's call graph, and it runs
-one way.
+one way. And no .c, .cpp or .h file of any of these layers is over 500
+lines: one that grows past that holds more than one concept and is split.
 """
 
 import os
@@ -20,7 +21,7 @@ CSRC = layers.HERE
 INCLUDE = re.compile(r'^\s*#\s*include\s+([<"])([^>"]+)[>"]', re.M)
 SYSTEM_FORBIDDEN = {"core": ("cuda.h", "Python.h"), "history": ("cuda.h", "Python.h"),
                     "base": ("cuda.h", "Python.h"), "device": ("Python.h",)}
-CORE_MAX_LINES = 500
+MAX_LINES = 500
 
 
 def _files(layer):
@@ -137,11 +138,33 @@ def test_layer_check_catches_an_upward_include(tmp_path, monkeypatch):
     assert any("not python/" in w for w in whys) and any("<Python.h>" in w for w in whys)
 
 
-def test_core_files_stay_small():
+def oversized_files(max_lines=MAX_LINES):
+    """(path under csrc/, line count) for every file of every layer over max_lines."""
     big = []
-    for path in _files("core"):
-        with open(path, encoding="utf-8") as f:
-            n = sum(1 for _ in f)
-        if n > CORE_MAX_LINES:
-            big.append(f"{os.path.basename(path)}: {n} lines")
-    assert not big, f"core files over {CORE_MAX_LINES} lines (split them by concept): {big}"
+    for layer in layers.LAYERS:
+        for path in _files(layer):
+            with open(path, encoding="utf-8") as f:
+                n = sum(1 for _ in f)
+            if n > max_lines:
+                big.append((os.path.relpath(path, CSRC).replace(os.sep, "/"), n))
+    return big
+
+
+def test_files_stay_small():
+    big = oversized_files()
+    assert not big, (f"files over {MAX_LINES} lines (split each by concept):\n"
+                     + "\n".join(f"  csrc/{path}: {n} lines" for path, n in big))
+
+
+def test_size_check_covers_every_layer(tmp_path, monkeypatch):
+    """The size check can fail, and looks at .c, .cpp and .h files of every layer."""
+    fake = tmp_path / "csrc"
+    for layer in layers.LAYERS:
+        (fake / layer).mkdir(parents=True)
+    (fake / "base" / "ok.c").write_text("x\n" * MAX_LINES)
+    (fake / "device" / "big.h").write_text("x\n" * (MAX_LINES + 1))
+    (fake / "torch" / "big.cpp").write_text("x\n" * (MAX_LINES + 7))
+    (fake / "python" / "notes.txt").write_text("x\n" * (MAX_LINES + 1))
+    monkeypatch.setattr(layers, "HERE", str(fake))
+    monkeypatch.setitem(globals(), "CSRC", str(fake))
+    assert oversized_files() == [("device/big.h", MAX_LINES + 1), ("torch/big.cpp", MAX_LINES + 7)]
