@@ -6,7 +6,7 @@
  * includes the real <cuda.h> instead, so every prototype and layout comes
  * from NVIDIA. Without it, these declarations are used; they use the same
  * names, values and layouts as cuda.h (CUDA 12/13), and
- * tests/c/cuda_abi_*.c checks the two against each other whenever the
+ * tests/test_cuda_decls.py checks the two against each other whenever the
  * toolkit is available. The functions are only declared (for
  * __typeof__): they are looked up with dlsym at run time, never linked.
  */

@@ -172,9 +172,10 @@ int gm_sim_create(const gm_sim_config_t *cfg, gm_sim_t **out) {
     if (!s)
         return GM_ENOMEM;
     s->cfg = c;
+    pthread_mutex_init(&s->lock, NULL); /* first: gm_sim_destroy destroys it */
     s->devs = calloc((size_t)c.num_devices, sizeof *s->devs);
     if (!s->devs) {
-        free(s);
+        gm_sim_destroy(s);
         return GM_ENOMEM;
     }
     for (int i = 0; i < c.num_devices; i++) {
@@ -183,7 +184,6 @@ int gm_sim_create(const gm_sim_config_t *cfg, gm_sim_t **out) {
             return GM_ENOMEM;
         }
     }
-    pthread_mutex_init(&s->lock, NULL);
     gm_backend_t *b = &s->backend;
     b->ctx = s;
     b->name = "sim";
