@@ -4,7 +4,7 @@
  * A block is a contiguous piece of a segment, free or in use. Its state is
  * derived from three fields (allocated, event_count, n_uses) by the
  * predicates below, the only definitions of "free", "state" and "inactive
- * split" in gpumem: stats.c, check.c and walk.c all use them.
+ * split" in gpumem: stats.h, check.c and walk.c all use them.
  * Block structs are recycled through the allocator's free list, never given
  * back to the C heap until the allocator is destroyed. Everything here is
  * inline: it is the malloc/free fast path.
