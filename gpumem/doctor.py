@@ -201,7 +201,8 @@ def _settings_facts(found: _Findings, facts: dict, drv_probe: dict) -> None:
             found.add("ok", "settings", f"out-of-memory snapshots go to {snap}")
     except ConfError as e:
         found.add("fail", "settings", str(e))
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("GPUMEM_")}
+    env = {k: v for k, v in sorted(os.environ.items())   # not gpumem simulate's plumbing
+           if k.startswith("GPUMEM_") and not k.startswith("GPUMEM_SIMULATE_")}
     facts["environment"] = env
     if env:
         found.add("info", "environment", ", ".join(f"{k}={v}" for k, v in env.items()))
