@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from test_sim_helpers import ROOT, needs_torch
+from test_sim_helpers import ROOT, needs_torch, sim_lib_dir
 
 
 def no_driver_env() -> dict:
@@ -32,6 +32,17 @@ def test_without_a_gpu_every_test_is_skipped_with_the_reason():
     assert reasons and all("needs a GPU: no NVIDIA driver: cannot load the CUDA driver library "
                            "libcuda.so.1" in l and "gpumem simulate -- python -m pytest tests/gpu"
                            in l for l in reasons), reasons
+
+
+def test_the_fake_driver_alone_is_not_a_gpu():
+    env = no_driver_env()
+    env["GPUMEM_LIBCUDA"] = str(sim_lib_dir() / "libcuda.so.1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           "tests/gpu/test_gpu_backend.py"], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    reasons = [l for l in proc.stdout.splitlines() if l.startswith("SKIPPED")]
+    assert reasons and all("the driver is gpumem's fake one" in l for l in reasons), reasons
 
 
 @pytest.mark.slow

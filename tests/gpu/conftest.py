@@ -3,6 +3,8 @@
 Every test here is skipped, with the reason, unless the CUDA driver of this
 process reports a device: on a machine with an NVIDIA GPU, or under
 gpumem's simulator (``gpumem simulate -- python -m pytest tests/gpu``).
+gpumem's fake driver named by GPUMEM_LIBCUDA alone, outside the simulator,
+is not a GPU: torch cannot use it.
 Whether there is one is asked once per session, in a fresh process
 (``python -m gpumem._cudadriver``), so nothing an earlier test loaded into
 the pytest process (a fake libcuda.so.1, say) can pass for a GPU.
@@ -27,9 +29,11 @@ def pytest_collection_modifyitems(config, items):
     if not mine:
         return
     found = gpu_probe()
-    if found["present"]:
+    if found["present"] and (found["launcher"] or not found["simulated"]):
         return
-    skip = pytest.mark.skip(reason=f"needs a GPU: {found['reason']} (on a machine without one: "
+    why = found["reason"] or (f"the driver is gpumem's fake one ({found['path']}) outside the "
+                              "simulator, where torch cannot use it")
+    skip = pytest.mark.skip(reason=f"needs a GPU: {why} (on a machine without one: "
                                    "gpumem simulate -- python -m pytest tests/gpu)")
     for item in mine:
         item.add_marker(skip)
