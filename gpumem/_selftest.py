@@ -28,14 +28,16 @@ Rationale: the driver's figure must agree with the allocator's, but on a
   real GPU other processes, the context's own allocations and page-table
   memory move cuMemGetInfo by a few MiB.
 Approach: on the simulated driver the figures must be equal; on a GPU they
-  may differ by REAL_TOLERANCE, far below the 64 MiB blocks the steps move,
-  so a segment gpumem lost or leaked is still seen.
+  may differ by REAL_TOLERANCE (32 MiB), half the 64 MiB blocks most steps
+  move, so a 64 MiB segment gpumem lost or leaked is still seen.
 Limitations: another process allocating during the test can fail a step
-  (the message says so); discrepancies below the tolerance go unseen on a
-  GPU.
+  (the message says so); on a GPU, discrepancies below the tolerance (the
+  split step's 20 MiB and 2 MiB segments) go unseen: only the simulator
+  checks them exactly.
 
 Must not: leave memory on the device (every step destroys its allocators),
-or change the process's current context.
+or replace a context the calling thread has current (a thread with none
+gets the device's primary context, as the CUDA runtime would do).
 """
 
 from __future__ import annotations
