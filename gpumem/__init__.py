@@ -13,24 +13,27 @@ allocation fails with out of memory (gpumem.record).
 
 `Allocator` runs the core on a simulated device (or the CUDA driver) without
 torch; the `gpumem` command views, summarises, diffs and replays snapshots
-and runs scripts on a simulated GPU (gpumem.cli). Importing gpumem never
-imports torch.
+and runs scripts on a simulated GPU (gpumem.cli).  `doctor()` (``gpumem
+doctor``) checks a machine: driver, GPUs, torch, the shim, settings, and a
+self-test of the driver backend on the GPU.  Importing gpumem never imports
+torch.
 
 Layers import only downward.  Below, from the bottom layer up, a module
 imports only modules on earlier lines; an import deferred into a function
 counts too (tests/test_py_layers.py fails on any import cycle).
   _C (the extension), _conf, _format, _rank, _shim_state, _shim_build,
-      _unpickle, sim
-  history, analysis, replay
+      _unpickle, sim, _cudadriver
+  history, analysis, replay, _selftest
   stats, _oom, view
   _torch
-  record
+  record, doctor
   gpumem (this file)
   simulate
   cli, __main__
 """
 
 from gpumem._C import Allocator, OutOfMemoryError, format_size
+from gpumem.doctor import doctor
 from gpumem._torch import (InstallError, TorchMissingError, install, is_installed,
                            uninstall_patches)
 from gpumem.history import (_dump_snapshot, _record_memory_history, _snapshot, dump_snapshot,
@@ -54,4 +57,4 @@ __all__ = ["Allocator", "OutOfMemoryError", "format_size", "__version__",
            "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
            "memory_summary", "empty_cache", "mem_get_info", "set_per_process_memory_fraction",
            "get_per_process_memory_fraction", "memory_snapshot", "record", "Recorder",
-           "RecordError"]
+           "RecordError", "doctor"]

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 __all__ = ["ShimBuildError", "MODULE_NAME", "cache_dir", "expected_info", "check", "build",
-           "load", "source_dir", "missing_prerequisite", "CLI_COMMAND"]
+           "load", "source_dir", "missing_prerequisite", "prerequisites", "CLI_COMMAND"]
 
 MODULE_NAME = "gpumem_torch_shim"
 _INFO_FILE = MODULE_NAME + ".json"
@@ -185,14 +185,26 @@ def _cpp_extension():
     return cpp_extension
 
 
-def _check_tools() -> None:
+def _find_cxx() -> str:
     cxx = os.environ.get("CXX", "c++")
-    if not shutil.which(cxx.split()[0]):
+    path = shutil.which(cxx.split()[0])
+    if not path:
         raise ShimBuildError(f"building gpumem's torch shim needs a C++ compiler; {cxx!r} was "
                              "not found (install g++, or set CXX)")
-    if not _cpp_extension().is_ninja_available():
+    return path
+
+
+def _find_ninja() -> str:
+    path = shutil.which("ninja")
+    if not path or not _cpp_extension().is_ninja_available():
         raise ShimBuildError("building gpumem's torch shim needs ninja, which was not found "
                              "(pip install ninja)")
+    return path
+
+
+def _check_tools() -> None:
+    _find_cxx()
+    _find_ninja()
 
 
 @contextmanager
@@ -248,17 +260,24 @@ def _compile(d: Path, info: dict[str, Any], verbose: bool):
     return module
 
 
+def prerequisites() -> list[tuple[str, bool, str]]:
+    """What a build of the shim needs, each checked: (what, found, where or why not)."""
+    items = []
+    for what, find in (("PyTorch", lambda: f"torch {_torch().__version__}"),
+                       ("shim sources", lambda: str(source_dir())),
+                       ("C++ compiler", _find_cxx), ("ninja", _find_ninja),
+                       ("CUDA runtime headers", _cuda_include)):
+        try:
+            items.append((what, True, find()))
+        except ShimBuildError as e:
+            items.append((what, False, str(e)))
+    return items
+
+
 def missing_prerequisite() -> str | None:
     """Why the shim cannot be built here (no torch, compiler, ninja, headers,
     sources), or None when everything a build needs is present."""
-    try:
-        _torch()
-        source_dir()
-        _check_tools()
-        _cuda_include()
-    except ShimBuildError as e:
-        return str(e)
-    return None
+    return next((why for _, found, why in prerequisites() if not found), None)
 
 
 def _import(d: Path):

@@ -21,6 +21,7 @@ from ._conf import ConfError
 from ._format import format_bytes
 from . import _shim_build
 from . import simulate as _simulate
+from .doctor import HELP as _DOCTOR_HELP, add_arguments as _add_doctor_args, run as _run_doctor
 from ._unpickle import SnapshotError
 
 __all__ = ["main", "COMMANDS", "format_bytes"]
@@ -322,6 +323,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
     "diff": ("what grew between two snapshots, by allocation site (the leak finder)",
              _add_diff_args, _run_diff),
     "simulate": (_simulate.HELP, _simulate.add_arguments, _simulate.run),
+    "doctor": (_DOCTOR_HELP, _add_doctor_args, _run_doctor),
     "build-shim": _shim_build.CLI_COMMAND,
 }
 

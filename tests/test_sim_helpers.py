@@ -25,8 +25,10 @@ CC = shlex.split(os.environ.get("CC", "cc"))
 HAVE_CC = shutil.which(CC[0]) is not None
 
 
-def _torch_reason() -> Optional[str]:
-    """Why the torch tests cannot run here, or None."""
+def _torch_reason(simulator: bool = True) -> Optional[str]:
+    """Why the torch tests cannot run here, or None.
+
+    simulator=False: for a real GPU, where any CUDA build of torch will do."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
         return "torch is not importable"
@@ -35,12 +37,13 @@ def _torch_reason() -> Optional[str]:
     m = re.search(r"^cuda\s*[:=].*?['\"](\d+)\.", text, re.M)
     if not m:
         return "torch is not a CUDA build"
-    if m.group(1) != "13":
+    if simulator and m.group(1) != "13":
         return f"torch is built for CUDA {m.group(1)}; the simulator supports CUDA 13"
     return None
 
 
 TORCH_REASON = _torch_reason()
+GPU_TORCH_REASON = _torch_reason(simulator=False)
 needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
 needs_torch = pytest.mark.skipif(TORCH_REASON is not None or not HAVE_CC,
                                  reason=TORCH_REASON or "no C compiler")

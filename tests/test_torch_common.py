@@ -33,9 +33,9 @@ SHIM_CACHE = Path(os.environ.get("GPUMEM_TEST_SHIM_CACHE") or ROOT / "build" / "
 
 
 @functools.lru_cache(maxsize=None)
-def _skip_reason() -> Optional[str]:
-    if TORCH_REASON:
-        return TORCH_REASON
+def _skip_reason(torch_reason: Optional[str] = TORCH_REASON) -> Optional[str]:
+    if torch_reason:
+        return torch_reason
     if not HAVE_CC:
         return "no C compiler (the simulator's libraries need one)"
     proc = subprocess.run([sys.executable, "-m", "gpumem._shim_build", "--prerequisites"],
@@ -60,9 +60,12 @@ def _env(extra: Optional[dict] = None) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def built_shim() -> Path:
-    """Build the shim (once per session) and return the cache root."""
-    why = _skip_reason()
+def built_shim(torch_reason: Optional[str] = TORCH_REASON) -> Path:
+    """Build the shim (once per session) and return the cache root.
+
+    torch_reason: why torch cannot be used, or None (default: the
+    simulator's TORCH_REASON; tests/gpu pass GPU_TORCH_REASON)."""
+    why = _skip_reason(torch_reason)
     if why:
         pytest.skip(why)
     env = _env({"GPUMEM_SHIM_BUILD": "1"})
@@ -125,4 +128,16 @@ def train_step(model, opt, x):
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss
+
+def measured_steps(model, opt, x, n):
+    """n steps; each one's peak allocated, and allocated and reserved at its end."""
+    out = {"peaks": [], "allocated": [], "reserved": []}
+    for _ in range(n):
+        torch.cuda.reset_peak_memory_stats()
+        train_step(model, opt, x)
+        torch.cuda.synchronize()
+        out["peaks"].append(torch.cuda.max_memory_allocated())
+        out["allocated"].append(torch.cuda.memory_allocated())
+        out["reserved"].append(torch.cuda.memory_reserved())
+    return out
 '''

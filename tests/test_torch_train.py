@@ -18,13 +18,8 @@ def test_training_loop_memory_comes_from_gpumem():
     o = run_gm('''
         model, opt = make_model()
         x = torch.randn(8, 16, 64, device="cuda")
-        peaks, allocated = [], []
-        for _ in range(5):
-            torch.cuda.reset_peak_memory_stats()
-            train_step(model, opt, x)
-            torch.cuda.synchronize()
-            peaks.append(torch.cuda.max_memory_allocated())
-            allocated.append(torch.cuda.memory_allocated())
+        steps = measured_steps(model, opt, x, 5)
+        peaks, allocated = steps["peaks"], steps["allocated"]
         # every parameter, gradient-free optimizer state and input lives in a gpumem block
         tensors = [x] + list(model.parameters())
         tensors += [v for s in opt.state.values() for v in s.values() if v.is_cuda]
