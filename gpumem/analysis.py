@@ -16,7 +16,8 @@ Model of one device (DeviceModel):
   follows segment_alloc/map and segment_free/unmap, anchored at the final
   segments' total.  Without segment events it is that constant.
 - An allocation site is the innermost Python frame outside torch, gpumem,
-  the standard library and generated code (file:line:function).  Stacks with
+  the standard library and generated code (file:line:function), judged by
+  where each file lives (gpumem/_origin.py, Note [Where a file lives]).  Stacks with
   only library frames, or only C++ frames, fall back to the whole stack as the
   key (labelled by its innermost Python frame or by its autograd node and
   ATen op); stacks without frames share the site "<no stack recorded>".
@@ -39,11 +40,10 @@ tolerated, so any snapshot the loader accepts can be analysed.
 from __future__ import annotations
 
 import bisect
-import os
 import re
-import sysconfig
 from typing import Any, Iterable
 
+from ._origin import is_library_file, is_package_file, norm_path
 from ._unpickle import SnapshotError
 
 __all__ = [
@@ -126,28 +126,6 @@ def _text(value: Any, limit: int = 400) -> str:
 
 # ---------------------------------------------------------------- frames and sites
 
-def _norm_path(path: str) -> str:
-    return path.replace("\\", "/")
-
-
-def _stdlib_prefixes() -> tuple[str, ...]:
-    out = set()
-    for key in ("stdlib", "platstdlib"):
-        p = sysconfig.get_paths().get(key)
-        if p:
-            out.add(_norm_path(p).rstrip("/") + "/")
-    return tuple(out)
-
-
-_GPUMEM_DIR = _norm_path(os.path.dirname(os.path.abspath(__file__))) + "/"
-_STDLIB = _stdlib_prefixes()
-_LIB_RE = re.compile(
-    r"(^|/)(torch|torchgen|functorch|triton|gpumem)/"     # torch and gpumem packages
-    r"|/torchinductor_[^/]*/"                              # inductor's generated code
-    r"|/lib/python\d+(\.\d+)?t?/(?!site-packages/|dist-packages/)"  # a POSIX stdlib
-    r"|^<frozen ")
-_PKG_RE = re.compile(r"/(site|dist)-packages/")
-_WIN_STDLIB_RE = re.compile(r"^[a-z]:/.*/lib/(?!site-packages/)", re.I)
 _NOISE_NAME = ("unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp",
                "__libc_start_main", "PyEval_", "PyObject_", "PyFunction_", "_PyEval", "_PyObject")
 _NOISE_FILE = ("core/boxing", "/Register", "/Redispatch", "pythonrun.c", "Modules/main.c",
@@ -168,14 +146,6 @@ def frame_fields(f: Any) -> tuple[str, int, str] | None:
 def is_python_frame(filename: str) -> bool:
     return filename.endswith((".py", ".pyw")) or (
         filename.startswith("<") and filename.endswith(">"))
-
-
-def is_library_file(filename: str) -> bool:
-    """True for torch, gpumem, the standard library and generated code."""
-    p = _norm_path(filename)
-    if p.startswith(_GPUMEM_DIR) or p.startswith(_STDLIB):
-        return True
-    return bool(_LIB_RE.search(p) or _WIN_STDLIB_RE.search(p))
 
 
 def is_noise_frame(filename: str, name: str) -> bool:
@@ -258,7 +228,7 @@ class StackTable:
         code = [f for f in python if not is_library_file(f[0])]
         if code:
             lib = code[0]  # innermost frame outside torch/gpumem/stdlib (may be a package)
-            own = next((f for f in code if not _PKG_RE.search(_norm_path(f[0]))), None)
+            own = next((f for f in code if not is_package_file(f[0])), None)
             if own is None or own is lib:
                 return self._site(("user", lib), format_frame(lib), "user", lib)
             label = f"{format_frame(own)} (via {format_frame(lib)})"
