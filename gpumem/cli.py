@@ -47,9 +47,13 @@ def _print_error(message: str) -> None:
 def _add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("snapshot", metavar="SNAPSHOT.pickle",
                    help="a snapshot written by torch.cuda.memory._dump_snapshot")
-    p.add_argument("--conf", default="", metavar="SETTINGS",
+    p.add_argument("--conf", default=None, metavar="SETTINGS",
                    help="allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, for example "
-                        "'expandable_segments:True,max_split_size_mb:128'")
+                        "'expandable_segments:True,max_split_size_mb:128' (default: the "
+                        "settings the snapshot was recorded with; '' for torch's defaults)")
+    p.add_argument("--memory", default=None, metavar="SIZE",
+                   help="the device's memory, e.g. 80GiB or 24GB (default: the recording "
+                        "device's, when the trace has out-of-memory entries, else unbounded)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -76,6 +80,8 @@ def _device_lines(row: dict[str, Any]) -> list[str]:
         ("torch peak reserved", "unknown (no segment events in the trace)" if torch_peak is None
          else f"{format_bytes(torch_peak)} (gpumem/torch {_fmt_ratio(row['ratio_vs_torch'])})"),
         ("torch reserved at end", format_bytes(row["torch_reserved_end"])),
+        ("device memory", _capacity_text(row)),
+        ("cache releases", f"{row['releases']} (where the trace shows torch releasing)"),
         ("device allocations", f"{row['num_device_alloc']} (retries {row['num_alloc_retries']})"),
         ("OOMs trace / replay", f"{row['trace_ooms']} / {row['replay_ooms']}"),
     ]
@@ -89,9 +95,17 @@ def _device_lines(row: dict[str, Any]) -> list[str]:
     return [f"  {k:<{width}}  {v}" for k, v in rows]
 
 
+def _capacity_text(row: dict[str, Any]) -> str:
+    where = {"trace": "the recording device's, from the trace's out-of-memory entries",
+             "given": "--memory", "default": "unbounded: the trace records no capacity"}
+    return f"{format_bytes(row['capacity'], whole_units=True)} ({where[row['capacity_source']]})"
+
+
 def _print_replay(report: dict[str, Any]) -> None:
     print(f"{report['file']}")
-    print(f"settings: {report['conf'] or '(defaults)'}")
+    source = report.get("conf_source", "given")
+    print(f"settings: {report['conf'] or '(defaults)'}"
+          + ("" if source == "given" else f" ({source})"))
     if not report["devices"]:
         print(report.get("note", "nothing to replay"))
         return
@@ -103,7 +117,14 @@ def _print_replay(report: dict[str, Any]) -> None:
 def _run_replay(args: argparse.Namespace) -> int:
     from .replay import replay_file  # imported when the command runs
 
-    report = replay_file(args.snapshot, args.conf)
+    capacity = None
+    if args.memory is not None:
+        from .sim import SimError, parse_size
+        try:
+            capacity = parse_size(args.memory)
+        except SimError as e:
+            raise ConfError(f"--memory: {e}") from None
+    report = replay_file(args.snapshot, args.conf, capacity=capacity)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

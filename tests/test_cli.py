@@ -86,7 +86,7 @@ def test_no_trace_snapshot_json(no_trace_file):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report == {"file": str(no_trace_file), "conf": "expandable_segments:True",
-                      "devices": [], "note": NOTE}
+                      "conf_source": "given", "devices": [], "note": NOTE}
 
 
 @needs_c
