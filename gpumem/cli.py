@@ -21,7 +21,7 @@ from ._conf import ConfError
 from ._format import format_bytes
 from . import _shim_build
 from . import simulate as _simulate
-from ._unpickle import SnapshotError
+from ._unpickle import SnapshotError, gc_paused
 
 __all__ = ["main", "COMMANDS", "format_bytes"]
 
@@ -265,7 +265,8 @@ def _signed(n: int) -> str:
 def _run_summary(args: argparse.Namespace) -> int:
     from .analysis import load_checked, summarize
 
-    report = summarize(load_checked(args.snapshot), args.snapshot, args.top, args.device)
+    with gc_paused():   # plain acyclic data, built and walked once (see gc_paused)
+        report = summarize(load_checked(args.snapshot), args.snapshot, args.top, args.device)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -300,9 +301,10 @@ def _diff_rows(rows: list[dict], lines: list[str]) -> None:
 def _run_diff(args: argparse.Namespace) -> int:
     from .analysis import diff, load_checked
 
-    before = load_checked(args.before)
-    after = load_checked(args.after)
-    report = diff(before, after, (args.before, args.after), args.top, args.device)
+    with gc_paused():   # plain acyclic data, built and walked once (see gc_paused)
+        before = load_checked(args.before)
+        after = load_checked(args.after)
+        report = diff(before, after, (args.before, args.after), args.top, args.device)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -36,6 +36,7 @@ import tempfile
 from typing import Any
 
 from . import analysis
+from ._unpickle import gc_paused
 from .analysis import DeviceModel, StackTable
 
 __all__ = ["build_payload", "render_html", "write_view", "default_output"]
@@ -353,6 +354,11 @@ def default_output(snapshot: str) -> str:
 
 def write_view(snapshot: str, output: str | None = None, device: int | None = None) -> dict:
     """Load ``snapshot``, write the page to ``output``; return what was written."""
+    with gc_paused():
+        return _write_view(snapshot, output, device)
+
+
+def _write_view(snapshot: str, output: str | None, device: int | None) -> dict:
     snap = analysis.load_checked(snapshot)
     caps = {"samples": MAX_SAMPLES, "bands": MAX_BANDS, "blocks": MAX_BLOCKS,
             "band_budget": BAND_SAMPLE_BUDGET, "stacks": MAX_STACKS}
