@@ -26,7 +26,7 @@ counts too (tests/test_py_layers.py fails on any import cycle).
   _torch
   record
   gpumem (this file)
-  simulate
+  _simulate_child, then simulate
   cli, __main__
 """
 
