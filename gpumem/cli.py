@@ -104,8 +104,8 @@ def _capacity_text(row: dict[str, Any]) -> str:
 def _print_replay(report: dict[str, Any]) -> None:
     print(f"{report['file']}")
     source = report.get("conf_source", "given")
-    print(f"settings: {report['conf'] or '(defaults)'}"
-          + ("" if source == "given" else f" ({source})"))
+    print(f"settings: {report['conf'] or 'torch defaults'} "
+          f"({'given with --conf' if source == 'given' else source})")
     if not report["devices"]:
         print(report.get("note", "nothing to replay"))
         return
@@ -350,7 +350,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     parser = _Parser(prog=PROG, description="gpumem: a CUDA caching allocator for PyTorch.")
+    parser.add_argument("--version", action="version",
+                        version=f"{PROG} {__version__} (Python {sys.version.split()[0]})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (help_text, add_args, _run) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -327,16 +327,16 @@ def recorded_conf(snapshot: dict) -> tuple[dict, str]:
     settings = snapshot.get("allocator_settings")
     if isinstance(settings, dict):
         try:
-            return conf_from_snapshot_settings(settings), "the snapshot's allocator_settings"
+            return conf_from_snapshot_settings(settings), "from the snapshot's allocator_settings"
         except ConfError as e:
-            return default_conf(), f"torch's defaults (the snapshot's allocator_settings: {e})"
+            return default_conf(), f"the snapshot's allocator_settings cannot be used: {e}"
     conf = default_conf()
     if any(seg.get("is_expandable") is True for seg in snapshot["segments"]) or any(
             e.get("action") in ("segment_map", "segment_unmap")
             for trace in snapshot["device_traces"] for e in trace):
         conf["expandable_segments"] = True
-        return conf, "expandable segments, seen in the snapshot (it records no settings)"
-    return conf, "torch's defaults (the snapshot records no settings)"
+        return conf, "the snapshot records no settings; its segments are expandable"
+    return conf, "the snapshot records no settings"
 
 
 def traced_devices(snapshot: dict) -> list[int]:

@@ -436,7 +436,7 @@ def test_capacity_comes_from_the_traces_oom_entries():
 def test_recorded_settings():
     base = snapshot([[alloc(0xA000, 512)]])
     conf, source = recorded_conf(base)
-    assert conf == parse_conf("") and "defaults" in source
+    assert conf == parse_conf("") and source == "the snapshot records no settings"
     settings = {"PYTORCH_CUDA_ALLOC_CONF": "x", "expandable_segments": True,
                 "max_split_size": 256 * MiB, "garbage_collection_threshold": 0.5,
                 "release_lock_on_cudamalloc": False,
@@ -444,7 +444,7 @@ def test_recorded_settings():
     conf, source = recorded_conf(dict(base, allocator_settings=settings))
     assert conf == parse_conf("expandable_segments:True,max_split_size_mb:256,"
                               "garbage_collection_threshold:0.5,roundup_power2_divisions:[4:4]")
-    assert source == "the snapshot's allocator_settings"
+    assert source == "from the snapshot's allocator_settings"
     default = dict(settings, expandable_segments=False, max_split_size=-1,
                    garbage_collection_threshold=0.0, roundup_power2_divisions={})
     assert recorded_conf(dict(base, allocator_settings=default))[0] == parse_conf("")
@@ -466,7 +466,7 @@ def test_replay_uses_the_recorded_settings_unless_given(tmp_path):
     path.write_bytes(pickle.dumps(snap, protocol=4))
     report = replay_file(path)
     assert report["conf"] == "expandable_segments:True"
-    assert report["conf_source"] == "the snapshot's allocator_settings"
+    assert report["conf_source"] == "from the snapshot's allocator_settings"
     assert report["devices"][0]["expandable_active"] is True
     report = replay_file(path, "")
     assert (report["conf"], report["conf_source"]) == ("", "given")

@@ -45,7 +45,7 @@ def test_replay_matches_torch_under_pressure(traces, name):
     ops = build_ops(snap, 0)
     assert ops.torch_peak_reserved is not None and ops.releases > 0
     conf, source = recorded_conf(snap)
-    assert source == "the snapshot's allocator_settings"
+    assert source == "from the snapshot's allocator_settings"
     assert conf["expandable_segments"] == name.endswith("expandable")
     row = replay_device(ops, conf)
     assert row["unknown_frees"] == 0
