@@ -218,10 +218,12 @@ def _summary_device(d: dict) -> list[str]:
     else:
         out.append("  no allocation trace (segments only): figures are the snapshot's state")
         out.append(f"  allocated: {format_bytes(d['peak_allocated'])}")
-    out.append(f"  peak reserved: {format_bytes(d['peak_reserved'])}")
+    when = "at peak" if d["source"] == "trace" else "at the snapshot"
+    out.append(f"  {'peak reserved' if d['source'] == 'trace' else 'reserved'}: "
+               f"{format_bytes(d['peak_reserved'])}")
     frag = d["fragmentation_at_peak"]
     res = d["reserved_at_peak"]
-    out.append(f"  reserved but unallocated at peak: "
+    out.append(f"  reserved but unallocated {when}: "
                + ("unknown" if frag is None else f"{format_bytes(frag)}{_pct(frag, res or 0)}"))
     if d.get("reserved_note"):
         out.append(f"    ({d['reserved_note']})")

@@ -283,6 +283,10 @@ def test_summary_of_a_segments_only_snapshot(tmp_path, capsys):
     assert dev["at_snapshot"]["pending_free"] == MiB
     assert dev["top_live_at_peak"][0]["site"] == "/u/train.py:7:step"
     assert dev["top_live_at_peak"][0]["bytes"] == MiB - 5
+    assert cli.main(["summary", str(path)]) == 0   # no trace: no peak is claimed
+    text = capsys.readouterr().out
+    assert "reserved but unallocated at the snapshot: 3.00 MiB" in text, text
+    assert "at peak" not in text and "peak reserved" not in text, text
 
 
 def test_optimizer_step_regions_are_step_markers(tmp_path, capsys):
