@@ -19,7 +19,7 @@ imports torch.
 Layers import only downward.  Below, from the bottom layer up, a module
 imports only modules on earlier lines; an import deferred into a function
 counts too (tests/test_py_layers.py fails on any import cycle).
-  _C (the extension), _conf, _format, _origin, _rank, _shim_state,
+  _C (the extension), _conf, _format, _origin, _sites, _rank, _shim_state,
       _shim_build, _unpickle, sim
   history, analysis, replay
   stats, _oom, view
