@@ -21,14 +21,14 @@ torch.
 Layers import only downward.  Below, from the bottom layer up, a module
 imports only modules on earlier lines; an import deferred into a function
 counts too (tests/test_py_layers.py fails on any import cycle).
-  _C (the extension), _conf, _format, _rank, _shim_state, _shim_build,
-      _unpickle, sim, _cudadriver
+  _C (the extension), _conf, _format, _origin, _sites, _rank, _shim_state,
+      _shim_build, _unpickle, sim, _cudadriver
   history, analysis, replay, _selftest
   stats, _oom, view
   _torch
   record, doctor
   gpumem (this file)
-  simulate
+  _simulate_child, then simulate
   cli, __main__
 """
 

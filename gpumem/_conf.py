@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["ConfError", "parse_conf", "format_conf", "default_conf", "settings_for_snapshot",
-           "ROUNDUP_INTERVALS", "ROUNDUP_BOUNDARIES_MB"]
+           "conf_from_snapshot_settings", "ROUNDUP_INTERVALS", "ROUNDUP_BOUNDARIES_MB"]
 
 MiB = 1 << 20
 ROUNDUP_INTERVALS = 16
@@ -335,3 +335,26 @@ def settings_for_snapshot(conf: dict) -> dict[str, Any]:
             str(mb): d for mb, d in zip(ROUNDUP_BOUNDARIES_MB, c["roundup_power2_divisions"])
         },
     }
+
+
+def conf_from_snapshot_settings(settings: Any) -> dict:
+    """The settings dict for a snapshot's ``allocator_settings`` (the inverse of
+    settings_for_snapshot); fields gpumem does not implement are ignored, and
+    a field that is absent or mistyped keeps torch's default.  Raises
+    ConfError for values no allocator can run with."""
+    out = default_conf()
+    if not isinstance(settings, dict):
+        return out
+    exp = settings.get("expandable_segments")
+    if isinstance(exp, bool):
+        out["expandable_segments"] = exp
+    ms = settings.get("max_split_size")
+    if isinstance(ms, int) and not isinstance(ms, bool) and 0 < ms < (1 << 62):
+        out["max_split_size"] = ms
+    gc = settings.get("garbage_collection_threshold")
+    if isinstance(gc, (int, float)) and not isinstance(gc, bool):
+        out["garbage_collection_threshold"] = float(gc)
+    divs = settings.get("roundup_power2_divisions")
+    if isinstance(divs, dict):
+        out["roundup_power2_divisions"] = [divs.get(str(mb), 0) for mb in ROUNDUP_BOUNDARIES_MB]
+    return _checked(out)

@@ -157,9 +157,11 @@ def _on_oom(device: int, requested: int, rounded: int, device_free: int, device_
                                 stream)
         if not written:
             return None
+        # The path is said once, in the exception's message (which the script
+        # prints, or the traceback shows); the log line is for debug logs only.
         what = ". ".join(message.split(". ")[:2])
-        log.warning("gpumem: %s on device %d; memory snapshot written to %s", what, device,
-                    " and ".join(written))
+        log.info("gpumem: %s on device %d; memory snapshot written to %s", what, device,
+                 " and ".join(written))
         also = "".join(f" (also {p})" for p in written[1:])
         return f"gpumem: memory snapshot at this OOM written to {written[0]}{also}"
     except Exception:  # never let the hook turn an OOM into another error

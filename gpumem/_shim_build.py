@@ -237,6 +237,10 @@ def _compile(d: Path, info: dict[str, Any], verbose: bool):
     src = source_dir()
     lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
     t0 = time.monotonic()
+    # Once per torch version: the one line a first install() prints.
+    print(f"gpumem: building its torch shim for torch {torch.__version__} (once per torch "
+          f"version, about 10 s) into {d} (GPUMEM_CACHE_DIR moves the cache)",
+          file=sys.stderr, flush=True)
     try:
         module = cpp_extension.load(
             name=MODULE_NAME,

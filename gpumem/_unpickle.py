@@ -14,15 +14,19 @@ The loader also normalises the legacy shapes (a bare list of segments, the
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import os
 import pickle
 import struct
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["SnapshotError", "load_snapshot", "loads_snapshot", "normalize_snapshot"]
+__all__ = ["SnapshotError", "load_snapshot", "loads_snapshot", "normalize_snapshot", "gc_paused"]
 
 _PROTO = 0x80  # first byte of every pickle written with protocol 2 or later
+_U64 = 1 << 64
+_I64_MIN = -(1 << 63)
 _DUMP_HINT = "pass a file written by torch.cuda.memory._dump_snapshot"
 
 
@@ -38,6 +42,21 @@ class _RefusedGlobal(Exception):
 
 class _RefusedPersistentId(Exception):
     pass
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a snapshot's plain (acyclic)
+    dicts and lists are built or walked: each of the hundreds of collections
+    it would run scans every object made so far, which for a 1,000,000-entry
+    trace costs more than the unpickling itself."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Reader:
@@ -135,7 +154,8 @@ def loads_snapshot(data: bytes | bytearray | memoryview, name: str = "snapshot d
             f"(it reads protocols 2 to {pickle.HIGHEST_PROTOCOL}); {_DUMP_HINT}"
         )
     try:
-        obj = _DataOnlyUnpickler(_Reader(data)).load()
+        with gc_paused():
+            obj = _DataOnlyUnpickler(_Reader(data)).load()
     except _RefusedGlobal as e:
         raise SnapshotError(
             f"{name} refers to Python global '{e.qualname}'; gpumem refuses pickles that "
@@ -162,7 +182,8 @@ def loads_snapshot(data: bytes | bytearray | memoryview, name: str = "snapshot d
         raise SnapshotError(
             f"{name} is not a valid pickle ({_describe(e)}); re-dump the snapshot"
         ) from None
-    return normalize_snapshot(obj, name)
+    with gc_paused():
+        return normalize_snapshot(obj, name)
 
 
 def _is_truncation(e: BaseException) -> bool:
@@ -234,7 +255,20 @@ def _check_int_field(d: dict, key: str, name: str, where: str, required: bool = 
     if not _is_int(value):
         _fail(name, where, f"has '{key}' of type {_type_name(value)}, expected an int")
     if not signed and value < 0:
-        _fail(name, where, f"has a negative '{key}' ({value})")
+        _fail(name, where, f"has a negative '{key}' ({_short_int(value)})")
+    _check_64_bits(value, key, name, where)
+
+
+def _check_64_bits(value: int, key: str, name: str, where: str, signed: bool = True) -> None:
+    """Every allocator writes these fields as 64-bit integers; anything wider is corrupt."""
+    if not (_I64_MIN if signed else 0) <= value < _U64:
+        _fail(name, where, f"has '{key}' = {_short_int(value)}, which does not fit in 64 bits; "
+                           f"the file is corrupt, re-dump the snapshot")
+
+
+def _short_int(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
 
 def _check_segments(segments: Any, name: str) -> None:
@@ -268,17 +302,37 @@ def _check_traces(traces: Any, name: str) -> None:
         if not isinstance(trace, list):
             _fail(name, f"device_traces[{d}]", f"is a {_type_name(trace)}, expected a list")
         for i, entry in enumerate(trace):
-            where = f"device_traces[{d}][{i}]"
-            if not isinstance(entry, dict):
-                _fail(name, where, f"is a {_type_name(entry)}, expected a dict")
-            action = entry.get("action")
-            if not isinstance(action, str):
-                if "action" not in entry:
-                    _fail(name, where, "has no 'action'")
-                _fail(name, where, f"has 'action' of type {_type_name(action)}, expected a str")
-            _check_int_field(entry, "size", name, where)
-            if action == "oom":
-                _check_int_field(entry, "device_free", name, where)
-            else:
-                _check_int_field(entry, "addr", name, where)
-            _check_int_field(entry, "stream", name, where, required=False, signed=True)
+            # The common case in one expression (plain ints, a str action); anything
+            # else goes through _check_entry, which names what is wrong.
+            if type(entry) is dict:
+                get = entry.get
+                action, size, stream = get("action"), get("size"), get("stream", 0)
+                oom = action == "oom"
+                needed, other = (get("device_free"), get("addr", 0)) if oom else (
+                    get("addr"), get("device_free", 0))
+                if (type(action) is str and type(size) is int and type(needed) is int
+                        and type(other) is int and type(stream) is int
+                        and 0 <= size < _U64 and 0 <= needed < _U64 and 0 <= other < _U64
+                        and _I64_MIN <= stream < _U64):
+                    continue
+            _check_entry(entry, name, f"device_traces[{d}][{i}]")
+
+
+def _check_entry(entry: Any, name: str, where: str) -> None:
+    if not isinstance(entry, dict):
+        _fail(name, where, f"is a {_type_name(entry)}, expected a dict")
+    action = entry.get("action")
+    if not isinstance(action, str):
+        if "action" not in entry:
+            _fail(name, where, "has no 'action'")
+        _fail(name, where, f"has 'action' of type {_type_name(action)}, expected a str")
+    _check_int_field(entry, "size", name, where)
+    if action == "oom":
+        _check_int_field(entry, "device_free", name, where)
+    else:
+        _check_int_field(entry, "addr", name, where)
+    _check_int_field(entry, "stream", name, where, required=False, signed=True)
+    for key in ("addr", "device_free"):   # when present though not required: 64 bits too
+        value = entry.get(key)
+        if _is_int(value):
+            _check_64_bits(value, key, name, where, signed=False)

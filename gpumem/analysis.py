@@ -15,11 +15,9 @@ Model of one device (DeviceModel):
 - ``allocated[i]`` is the live total after trace entry i; reserved memory
   follows segment_alloc/map and segment_free/unmap, anchored at the final
   segments' total.  Without segment events it is that constant.
-- An allocation site is the innermost Python frame outside torch, gpumem,
-  the standard library and generated code (file:line:function).  Stacks with
-  only library frames, or only C++ frames, fall back to the whole stack as the
-  key (labelled by its innermost Python frame or by its autograd node and
-  ATen op); stacks without frames share the site "<no stack recorded>".
+- An allocation site is the innermost Python frame of the user's own code
+  (file:line:function; gpumem/_sites.py, and gpumem/_origin.py for what is
+  library code, judged by where each file lives).
 
 Step markers (summary's per-step growth), first source found wins:
 user_metadata changes along the trace (torch's _set_memory_metadata, gpumem's
@@ -30,20 +28,19 @@ then 'snapshot' trace entries (one is written each time a snapshot is taken
 while recording).  'annotate' entries name one allocation, not a step, and are
 not markers.
 
-check_snapshot() adds one rule to the loader's: the integer fields the loader
-checks must fit in 64 bits, as every allocator writes them; anything else
-is corrupt.  Every other oddity (missing or wrongly typed optional fields) is
-tolerated, so any snapshot the loader accepts can be analysed.
+The loader (gpumem._unpickle) rejects what no allocator can write (integer
+fields outside 64 bits included); every other oddity (missing or wrongly
+typed optional fields) is tolerated, so any snapshot the loader accepts can
+be analysed.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
-import re
-import sysconfig
 from typing import Any, Iterable
 
+from ._origin import is_library_file  # noqa: F401 - part of this module's interface
+from ._sites import StackTable, U64, opt_int as _opt_int, text_of as _text
 from ._unpickle import SnapshotError
 
 __all__ = [
@@ -51,7 +48,6 @@ __all__ = [
     "pick_device", "build_device", "end_blocks", "live_by_site", "summarize", "diff",
 ]
 
-U64 = 1 << 64
 ACTIVE_STATES = ("active_allocated", "active_pending_free")
 _GROW = ("segment_alloc", "segment_map")
 _SHRINK = ("segment_free", "segment_unmap")
@@ -66,227 +62,16 @@ class AnalysisError(SnapshotError):
 # ------------------------------------------------------------------ validation
 
 def load_checked(path: str) -> dict:
-    """load_snapshot(path), then check_snapshot: raises SnapshotError with one line."""
+    """load_snapshot(path): raises SnapshotError with one line."""
     from ._unpickle import load_snapshot
     return check_snapshot(load_snapshot(path), str(path))
 
 
-def _int_ok(value: Any, signed: bool) -> bool:
-    if not isinstance(value, int) or isinstance(value, bool):
-        return True  # absent or wrong types are the loader's business
-    return (-(1 << 63) if signed else 0) <= value < U64
-
-
 def check_snapshot(snap: dict, name: str) -> dict:
-    """Reject integer fields that no allocator can write (outside 64 bits)."""
-    def bad(where: str, key: str, value: int) -> None:
-        raise SnapshotError(f"{name}: {where} has '{key}' = {_short_int(value)}, which does not "
-                            f"fit in 64 bits; the file is corrupt, re-dump the snapshot")
-
-    for i, seg in enumerate(snap["segments"]):
-        for key in ("device", "address", "total_size", "stream"):
-            if not _int_ok(seg.get(key), key == "stream"):
-                bad(f"segments[{i}]", key, seg[key])
-        for j, block in enumerate(seg.get("blocks", [])):
-            for key in ("size", "requested_size"):
-                if not _int_ok(block.get(key), False):
-                    bad(f"segments[{i}]['blocks'][{j}]", key, block[key])
-    for d, trace in enumerate(snap["device_traces"]):
-        for i, e in enumerate(trace):
-            for key in ("addr", "size", "device_free", "stream"):
-                if not _int_ok(e.get(key), key == "stream"):
-                    bad(f"device_traces[{d}][{i}]", key, e[key])
+    """The snapshot as the loader accepted it.  The loader (gpumem._unpickle)
+    already rejects integer fields that no allocator can write (outside 64
+    bits), in its one pass over the trace; nothing is left to check here."""
     return snap
-
-
-def _short_int(value: int) -> str:
-    text = str(value)
-    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
-
-
-def _opt_int(value: Any, default: int | None = None) -> int | None:
-    """An optional integer field, or default when absent, mistyped or absurd."""
-    if isinstance(value, int) and not isinstance(value, bool) and -U64 < value < U64:
-        return value
-    return default
-
-
-def _text(value: Any, limit: int = 400) -> str:
-    if isinstance(value, str):
-        text = value
-    elif value is None:
-        text = ""
-    else:
-        try:
-            text = repr(value)
-        except Exception:  # noqa: BLE001 - hostile __repr__ cannot exist in plain data
-            text = type(value).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# ---------------------------------------------------------------- frames and sites
-
-def _norm_path(path: str) -> str:
-    return path.replace("\\", "/")
-
-
-def _stdlib_prefixes() -> tuple[str, ...]:
-    out = set()
-    for key in ("stdlib", "platstdlib"):
-        p = sysconfig.get_paths().get(key)
-        if p:
-            out.add(_norm_path(p).rstrip("/") + "/")
-    return tuple(out)
-
-
-_GPUMEM_DIR = _norm_path(os.path.dirname(os.path.abspath(__file__))) + "/"
-_STDLIB = _stdlib_prefixes()
-_LIB_RE = re.compile(
-    r"(^|/)(torch|torchgen|functorch|triton|gpumem)/"     # torch and gpumem packages
-    r"|/torchinductor_[^/]*/"                              # inductor's generated code
-    r"|/lib/python\d+(\.\d+)?t?/(?!site-packages/|dist-packages/)"  # a POSIX stdlib
-    r"|^<frozen ")
-_PKG_RE = re.compile(r"/(site|dist)-packages/")
-_WIN_STDLIB_RE = re.compile(r"^[a-z]:/.*/lib/(?!site-packages/)", re.I)
-_NOISE_NAME = ("unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp",
-               "__libc_start_main", "PyEval_", "PyObject_", "PyFunction_", "_PyEval", "_PyObject")
-_NOISE_FILE = ("core/boxing", "/Register", "/Redispatch", "pythonrun.c", "Modules/main.c",
-               "Objects/call.c", "Objects/methodobject.c", "pycore_ceval.h", "ceval.c",
-               "cpython/abstract.h")
-_OP_RE = re.compile(r"at::_ops::(\w+)::(?:call|redispatch)")
-_NODE_RE = re.compile(r"autograd::generated::(\w+)::apply")
-
-
-def frame_fields(f: Any) -> tuple[str, int, str] | None:
-    """(filename, line, name) of one frame dict, or None for a malformed frame."""
-    if not isinstance(f, dict):
-        return None
-    line = _opt_int(f.get("line"), 0)
-    return _text(f.get("filename"), 300), line, _text(f.get("name"), 300)
-
-
-def is_python_frame(filename: str) -> bool:
-    return filename.endswith((".py", ".pyw")) or (
-        filename.startswith("<") and filename.endswith(">"))
-
-
-def is_library_file(filename: str) -> bool:
-    """True for torch, gpumem, the standard library and generated code."""
-    p = _norm_path(filename)
-    if p.startswith(_GPUMEM_DIR) or p.startswith(_STDLIB):
-        return True
-    return bool(_LIB_RE.search(p) or _WIN_STDLIB_RE.search(p))
-
-
-def is_noise_frame(filename: str, name: str) -> bool:
-    """C++ frames of the capture machinery and the interpreter, hidden in stacks."""
-    return name in ("_start",) or any(s in name for s in _NOISE_NAME) or any(
-        s in filename for s in _NOISE_FILE)
-
-
-def format_frame(fields: tuple[str, int, str]) -> str:
-    filename, line, name = fields
-    if not filename or filename == "??":
-        return name or "??"
-    return f"{filename}:{line}:{name}"
-
-
-_MISSING = object()
-
-
-class StackTable:
-    """Interns frame lists (by object identity: a snapshot shares identical
-    stacks) and gives each stack an allocation site.  Stack 0 is "no frames"."""
-
-    NO_STACK = "<no stack recorded>"
-
-    def __init__(self) -> None:
-        self._by_obj: dict[int, int] = {}
-        self._frame_cache: dict[int, Any] = {}
-        self._keep: list[Any] = []
-        self.stacks: list[tuple[tuple[str, int, str], ...]] = [()]
-        self._by_frames: dict[tuple, int] = {(): 0}
-        self.stack_site: list[int] = []
-        self.sites: list[dict] = []
-        self._site_ids: dict[tuple, int] = {}
-        self.stack_site.append(self._site(("none",), self.NO_STACK, "none", None))
-
-    def intern(self, frames: Any) -> int:
-        if not frames or not isinstance(frames, (list, tuple)):
-            return 0
-        sid = self._by_obj.get(id(frames))
-        if sid is not None:
-            return sid
-        cache = self._frame_cache
-        fields = []
-        for f in frames:
-            x = cache.get(id(f), _MISSING)
-            if x is _MISSING:
-                x = cache[id(f)] = frame_fields(f)
-                self._keep.append(f)
-            if x is not None:
-                fields.append(x)
-        fields = tuple(fields)
-        sid = self._by_frames.get(fields)
-        if sid is None:
-            sid = len(self.stacks)
-            self.stacks.append(fields)
-            self._by_frames[fields] = sid
-            self.stack_site.append(self._site_of(fields))
-        self._by_obj[id(frames)] = sid
-        self._keep.append(frames)  # ids stay valid while the table lives
-        return sid
-
-    def site_of_stack(self, sid: int) -> dict:
-        return self.sites[self.stack_site[sid]]
-
-    def _site(self, key: tuple, label: str, kind: str, frame: tuple | None) -> int:
-        site_id = self._site_ids.get(key)
-        if site_id is None:
-            site_id = len(self.sites)
-            site = {"label": label, "kind": kind}
-            if frame is not None:
-                site.update(filename=frame[0], line=frame[1], name=frame[2])
-            self.sites.append(site)
-            self._site_ids[key] = site_id
-        return site_id
-
-    def _site_of(self, fields: tuple[tuple[str, int, str], ...]) -> int:
-        if not fields:
-            return 0
-        python = [f for f in fields if is_python_frame(f[0])]
-        code = [f for f in python if not is_library_file(f[0])]
-        if code:
-            lib = code[0]  # innermost frame outside torch/gpumem/stdlib (may be a package)
-            own = next((f for f in code if not _PKG_RE.search(_norm_path(f[0]))), None)
-            if own is None or own is lib:
-                return self._site(("user", lib), format_frame(lib), "user", lib)
-            label = f"{format_frame(own)} (via {format_frame(lib)})"
-            return self._site(("user", own, lib), label, "user", own)
-        if python:
-            label = format_frame(python[0]) + " (library code only)"
-            return self._site(("stack",) + fields, label, "library", python[0])
-        ops = [m.group(1) for f in fields for m in [_OP_RE.search(f[2])] if m]
-        node = next((m.group(1) for f in fields for m in [_NODE_RE.search(f[2])] if m), None)
-        parts = [p for p in (node, f"aten::{ops[-1]}" if ops else None) if p]
-        if not parts:
-            shown = [f for f in fields if not is_noise_frame(f[0], f[2])] or list(fields)
-            parts = [_text(shown[0][2], 80)]
-        return self._site(("stack",) + fields, "[C++] " + " ".join(parts), "c++", None)
-
-    def stack_lines(self, sid: int, limit: int = 60) -> list[str]:
-        """The stack innermost first, capture machinery hidden, repeats collapsed."""
-        out: list[str] = []
-        for f in self.stacks[sid]:
-            if is_noise_frame(f[0], f[2]):
-                continue
-            text = format_frame(f)
-            if out and out[-1] == text:
-                continue
-            out.append(text)
-        if len(out) > limit:
-            out = out[:limit] + [f"... {len(out) - limit} more frames"]
-        return out
 
 
 # ------------------------------------------------------------------ devices
@@ -419,43 +204,52 @@ def build_device(snap: dict, device: int, stacks: StackTable | None = None) -> D
     last_meta: str | None = None
     annots: list[tuple[int, str]] = []
     snaps: list[tuple[int, str]] = []
-    for i, e in enumerate(trace):
+    a_start, a_end, a_size, a_addr, a_stack = m.a_start, m.a_end, m.a_size, m.a_addr, m.a_stack
+    seen_add = seen.add
+    for i, e in enumerate(trace):   # the hot loop: one pass, locals only
         action = e["action"]
-        t = e.get("time_us")
-        if type(t) is int and -U64 < t < U64:
+        get = e.get
+        t = get("time_us")
+        if t.__class__ is int and -U64 < t < U64:
             times[i] = t
-        meta = e.get("user_metadata")
+        meta = get("user_metadata")
         if meta is not None:
-            meta = meta if isinstance(meta, str) else _text(meta, 120)
+            if meta.__class__ is not str:
+                meta = _text(meta, 120)
             if meta != last_meta:
                 meta_runs.append((i, meta))
                 last_meta = meta
-        if action == "alloc":
-            addr = e["addr"]
-            old = live.pop(addr, None)
-            if old is not None:  # allocated twice without a free: end the first
-                m.a_end[old] = i
-                cur -= m.a_size[old]
-                m.inconsistencies += 1
-            size = e["size"]
-            live[addr] = m._new(i, n, size, addr, intern(e.get("frames")))
-            seen.add(addr)
-            cur += size
-        elif action in _FREE_DONE or action == "free_requested":
+        if action == "free_requested" or action in _FREE_DONE:
             addr = e["addr"]
             a = live.get(addr)
             if a is None and addr not in seen:  # allocated before the trace began
-                a = m._new(-1, n, e["size"], addr, intern(e.get("frames")))
+                a = m._new(-1, n, e["size"], addr, intern(get("frames")))
                 m.baseline += e["size"]
                 live[addr] = a
-            seen.add(addr)
+                seen_add(addr)
             if action != "free_requested":
                 if a is None:
                     m.inconsistencies += 1
                 else:
                     del live[addr]
-                    m.a_end[a] = i
-                    cur -= m.a_size[a]
+                    a_end[a] = i
+                    cur -= a_size[a]
+        elif action == "alloc":
+            addr = e["addr"]
+            old = live.pop(addr, None)
+            if old is not None:  # allocated twice without a free: end the first
+                a_end[old] = i
+                cur -= a_size[old]
+                m.inconsistencies += 1
+            size = e["size"]
+            live[addr] = len(a_size)
+            a_start.append(i)
+            a_end.append(n)
+            a_size.append(size)
+            a_addr.append(addr)
+            a_stack.append(intern(get("frames")))
+            seen_add(addr)
+            cur += size
         elif action in _GROW:
             seg_delta[i] = e["size"]
             seg_events += 1
@@ -464,11 +258,11 @@ def build_device(snap: dict, device: int, stacks: StackTable | None = None) -> D
             seg_events += 1
         elif action == "oom":
             m.ooms.append({"index": i, "size": e["size"], "device_free": e["device_free"],
-                           "stack": intern(e.get("frames")), "time_us": times[i]})
+                           "stack": intern(get("frames")), "time_us": times[i]})
         elif action == "snapshot":
             snaps.append((i, f"after snapshot {len(snaps) + 1}"))
         elif action in _ANNOTATIONS:
-            label = e.get("user_metadata") or e.get("name") or action
+            label = get("user_metadata") or get("name") or action
             annots.append((i, _text(label, 120)))
         allocated[i] = cur
     for addr, block, _seg in end_blocks(snap, device):

@@ -22,7 +22,7 @@ from ._format import format_bytes
 from . import _shim_build
 from . import simulate as _simulate
 from .doctor import HELP as _DOCTOR_HELP, add_arguments as _add_doctor_args, run as _run_doctor
-from ._unpickle import SnapshotError
+from ._unpickle import SnapshotError, gc_paused
 
 __all__ = ["main", "COMMANDS", "format_bytes"]
 
@@ -48,9 +48,13 @@ def _print_error(message: str) -> None:
 def _add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("snapshot", metavar="SNAPSHOT.pickle",
                    help="a snapshot written by torch.cuda.memory._dump_snapshot")
-    p.add_argument("--conf", default="", metavar="SETTINGS",
+    p.add_argument("--conf", default=None, metavar="SETTINGS",
                    help="allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, for example "
-                        "'expandable_segments:True,max_split_size_mb:128'")
+                        "'expandable_segments:True,max_split_size_mb:128' (default: the "
+                        "settings the snapshot was recorded with; '' for torch's defaults)")
+    p.add_argument("--memory", default=None, metavar="SIZE",
+                   help="the device's memory, e.g. 80GiB or 24GB (default: the recording "
+                        "device's, when the trace has out-of-memory entries, else unbounded)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -77,6 +81,8 @@ def _device_lines(row: dict[str, Any]) -> list[str]:
         ("torch peak reserved", "unknown (no segment events in the trace)" if torch_peak is None
          else f"{format_bytes(torch_peak)} (gpumem/torch {_fmt_ratio(row['ratio_vs_torch'])})"),
         ("torch reserved at end", format_bytes(row["torch_reserved_end"])),
+        ("device memory", _capacity_text(row)),
+        ("cache releases", f"{row['releases']} (where the trace shows torch releasing)"),
         ("device allocations", f"{row['num_device_alloc']} (retries {row['num_alloc_retries']})"),
         ("OOMs trace / replay", f"{row['trace_ooms']} / {row['replay_ooms']}"),
     ]
@@ -90,9 +96,17 @@ def _device_lines(row: dict[str, Any]) -> list[str]:
     return [f"  {k:<{width}}  {v}" for k, v in rows]
 
 
+def _capacity_text(row: dict[str, Any]) -> str:
+    where = {"trace": "the recording device's, from the trace's out-of-memory entries",
+             "given": "--memory", "default": "unbounded: the trace records no capacity"}
+    return f"{format_bytes(row['capacity'], whole_units=True)} ({where[row['capacity_source']]})"
+
+
 def _print_replay(report: dict[str, Any]) -> None:
     print(f"{report['file']}")
-    print(f"settings: {report['conf'] or '(defaults)'}")
+    source = report.get("conf_source", "given")
+    print(f"settings: {report['conf'] or 'torch defaults'} "
+          f"({'given with --conf' if source == 'given' else source})")
     if not report["devices"]:
         print(report.get("note", "nothing to replay"))
         return
@@ -104,7 +118,14 @@ def _print_replay(report: dict[str, Any]) -> None:
 def _run_replay(args: argparse.Namespace) -> int:
     from .replay import replay_file  # imported when the command runs
 
-    report = replay_file(args.snapshot, args.conf)
+    capacity = None
+    if args.memory is not None:
+        from .sim import SimError, parse_size
+        try:
+            capacity = parse_size(args.memory)
+        except SimError as e:
+            raise ConfError(f"--memory: {e}") from None
+    report = replay_file(args.snapshot, args.conf, capacity=capacity)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -198,10 +219,12 @@ def _summary_device(d: dict) -> list[str]:
     else:
         out.append("  no allocation trace (segments only): figures are the snapshot's state")
         out.append(f"  allocated: {format_bytes(d['peak_allocated'])}")
-    out.append(f"  peak reserved: {format_bytes(d['peak_reserved'])}")
+    when = "at peak" if d["source"] == "trace" else "at the snapshot"
+    out.append(f"  {'peak reserved' if d['source'] == 'trace' else 'reserved'}: "
+               f"{format_bytes(d['peak_reserved'])}")
     frag = d["fragmentation_at_peak"]
     res = d["reserved_at_peak"]
-    out.append(f"  reserved but unallocated at peak: "
+    out.append(f"  reserved but unallocated {when}: "
                + ("unknown" if frag is None else f"{format_bytes(frag)}{_pct(frag, res or 0)}"))
     if d.get("reserved_note"):
         out.append(f"    ({d['reserved_note']})")
@@ -245,7 +268,8 @@ def _signed(n: int) -> str:
 def _run_summary(args: argparse.Namespace) -> int:
     from .analysis import load_checked, summarize
 
-    report = summarize(load_checked(args.snapshot), args.snapshot, args.top, args.device)
+    with gc_paused():   # plain acyclic data, built and walked once (see gc_paused)
+        report = summarize(load_checked(args.snapshot), args.snapshot, args.top, args.device)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -280,9 +304,10 @@ def _diff_rows(rows: list[dict], lines: list[str]) -> None:
 def _run_diff(args: argparse.Namespace) -> int:
     from .analysis import diff, load_checked
 
-    before = load_checked(args.before)
-    after = load_checked(args.after)
-    report = diff(before, after, (args.before, args.after), args.top, args.device)
+    with gc_paused():   # plain acyclic data, built and walked once (see gc_paused)
+        before = load_checked(args.before)
+        after = load_checked(args.after)
+        report = diff(before, after, (args.before, args.after), args.top, args.device)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -329,7 +354,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     parser = _Parser(prog=PROG, description="gpumem: a CUDA caching allocator for PyTorch.")
+    parser.add_argument("--version", action="version",
+                        version=f"{PROG} {__version__} (Python {sys.version.split()[0]})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (help_text, add_args, _run) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -28,7 +28,9 @@ Limitations: ``python -S``/``-I``/``-E`` skip sitecustomize or PYTHONPATH, so
   such a process is not recorded; a process killed by a signal or os._exit()
   writes no snapshot or statistics (OOM snapshots are written at the error);
   a script may replace the recording settings with its own
-  (gpumem.record(...) clears the history when it starts).
+  (gpumem.record(...) clears the history when it starts), but its calls
+  that stop recording are ignored (Note [The script's own recording] in
+  gpumem/_simulate_child.py, where the child's side lives).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import time
 from typing import Any, Optional
 
 from gpumem._format import format_bytes
+from gpumem._simulate_child import ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
 
 __all__ = ["HELP", "LIMITS", "add_arguments", "run", "main"]
 
@@ -58,16 +61,12 @@ LIMITS = ("limits of the simulation: kernels compute nothing, so there are no nu
           "outside torch's allocator (the CUDA context, NCCL, cudaMalloc by extensions) is not "
           "counted; peaks are gpumem's allocator's, which rounds and caches like torch's")
 
-_ENV_OUT = "GPUMEM_SIMULATE_OUT"
-_ENV_STATS = "GPUMEM_SIMULATE_STATS"
-_ENV_PARENT = "GPUMEM_SIMULATE_PARENT"
-_ENV_ENTRIES = "GPUMEM_SIMULATE_MAX_ENTRIES"
 
 _SITECUSTOMIZE = '''\
 # Written by `gpumem simulate` (gpumem/simulate.py, Note [Setting up the child]).
 import os as _os, sys as _sys
 try:
-    from gpumem.simulate import _child_setup
+    from gpumem._simulate_child import _child_setup
     _child_setup()
 except Exception as _e:
     _sys.stderr.write("gpumem simulate: cannot record in this process: %s\\n" % (_e,))
@@ -85,135 +84,6 @@ try:
 except Exception as _e:
     _sys.stderr.write("gpumem simulate: the shadowed sitecustomize failed: %s\\n" % (_e,))
 '''
-
-
-# --------------------------------------------------------------- the child
-
-class _TorchImportHook:
-    """A one-shot meta path finder: run _activate() once ``import torch`` has finished."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
-            return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        import importlib.util
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        original = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            original(module)
-            _activate()
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-_peaks: dict[int, dict[str, int]] = {}   # device -> highest peaks seen before resets
-_active_child = False
-
-
-def _child_setup() -> None:
-    """Called by the run's sitecustomize in every Python process."""
-    if not os.environ.get(_ENV_STATS):
-        return
-    if "torch" in sys.modules:
-        _activate()
-    else:
-        sys.meta_path.insert(0, _TorchImportHook())
-
-
-def _activate() -> None:
-    """gpumem.install() and recording, right after torch is imported; never raises."""
-    global _active_child
-    if _active_child:
-        return
-    _active_child = True
-    import atexit
-    try:
-        import gpumem
-        from gpumem import history
-        gpumem.install()
-        entries = int(os.environ.get(_ENV_ENTRIES) or 100_000)
-        history.record_memory_history("all", "all", "python", entries)
-        _wrap_reset_peaks()
-    except Exception as e:  # the script still runs, on torch's allocator
-        sys.stderr.write(f"gpumem simulate: gpumem could not be installed in this process "
-                         f"({type(e).__name__}: {e}); it runs without recording\n")
-        return
-    _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "incomplete": True})
-    atexit.register(_child_finish)
-
-
-def _write_stats(out: dict) -> None:
-    try:
-        target = os.path.join(os.environ[_ENV_STATS], f"{os.getpid()}.json")
-        with open(target + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(out, f)
-        os.replace(target + ".tmp", target)
-    except OSError as e:
-        sys.stderr.write(f"gpumem simulate: cannot write this process's statistics: {e}\n")
-
-
-def _wrap_reset_peaks() -> None:
-    """Keep each device's peaks across resets (every reset goes through shim.reset_peak)."""
-    from gpumem import _shim_state
-    shim = _shim_state.shim()
-    original = shim.reset_peak
-
-    def reset_peak(device: int) -> None:
-        _note_peaks()
-        original(device)
-
-    shim.reset_peak = reset_peak
-
-
-def _note_peaks() -> dict[int, dict[str, int]]:
-    from gpumem import _shim_state
-    shim = _shim_state.shim()
-    for d in shim.devices():
-        st = shim.stats(d)
-        cur = _peaks.setdefault(d, {"allocated": 0, "reserved": 0})
-        cur["allocated"] = max(cur["allocated"], st.get("allocated_bytes.all.peak", 0))
-        cur["reserved"] = max(cur["reserved"], st.get("reserved_bytes.all.peak", 0))
-        cur["num_ooms"] = st.get("num_ooms", 0)
-        cur["allocated_end"] = st.get("allocated_bytes.all.current", 0)
-        cur["reserved_end"] = st.get("reserved_bytes.all.current", 0)
-    return _peaks
-
-
-def _child_name() -> str:
-    from gpumem.record import current_rank
-    rank = current_rank()
-    if rank is not None:
-        return f"snapshot_rank{rank}.pickle"
-    if str(os.getppid()) == os.environ.get(_ENV_PARENT):
-        return "snapshot.pickle"
-    return f"snapshot_pid{os.getpid()}.pickle"
-
-
-def _child_finish() -> None:
-    """atexit: this process's snapshot and statistics for the parent."""
-    out: dict[str, Any] = {"pid": os.getpid(), "argv": sys.argv[:8], "snapshot": None,
-                           "error": None, "devices": {}, "oom_snapshots": []}
-    try:
-        import torch
-        from gpumem import history
-        from gpumem.record import current_rank, oom_snapshots_written
-        out["rank"] = current_rank()
-        out["oom_snapshots"] = oom_snapshots_written()
-        if torch.cuda.is_initialized():
-            out["devices"] = {str(d): v for d, v in _note_peaks().items()}
-            path = os.path.join(os.environ[_ENV_OUT], _child_name())
-            history.dump_snapshot(path)
-            out["snapshot"] = path
-    except Exception as e:
-        out["error"] = f"{type(e).__name__}: {e}"
-    _write_stats(out)
 
 
 # -------------------------------------------------------------- the parent
@@ -301,7 +171,14 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                          "reserved_at_exit": v.get("reserved_end", 0)})
     ooms = sum(r["num_ooms"] for r in rows) or len(oom_files)
     peak = max((r["peak_reserved"] for r in rows), default=None)
-    if ooms:
+    verdict = None
+    if ooms and rc == 0 and rows:
+        fits, verdict = None, "not everything it tried"
+        why = (f"the script ran out of memory {_times(ooms)}, caught the error and finished "
+               f"with status 0; peak reserved {format_bytes(peak)}, "
+               f"{100.0 * peak / memory:.1f}% of the device; the allocation that failed is in "
+               f"the OOM snapshot")
+    elif ooms:
         fits, why = False, f"{ooms} allocation(s) failed with out of memory"
     elif not rows:
         fits, why = None, ("no CUDA memory was used" if procs else
@@ -312,14 +189,23 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
     else:
         fits = peak <= memory
         why = f"peak reserved {format_bytes(peak)}, {100.0 * peak / memory:.1f}% of the device"
+    if verdict is None:
+        verdict = {True: "yes", False: "no", None: "unknown"}[fits]
     return {"command": cmd, "exit_status": rc, "seconds": round(seconds, 3), "memory": memory,
             "devices": devices, "out": out, "per_device": rows, "fits": fits, "fits_reason": why,
+            "verdict": verdict,
             "snapshots": [p["snapshot"] for p in procs if p.get("snapshot")],
+            "script_snapshots": sorted({f for p in procs for f in p.get("script_snapshots") or []}),
+            "script_stops": sum(p.get("script_stops") or 0 for p in procs),
             "oom_snapshots": oom_files, "views": pages,
             "errors": [f"pid {p.get('pid')}: {p['error']}" for p in procs if p.get("error")]
             + [f"pid {p.get('pid')} ({' '.join(p.get('argv') or [])}) did not exit normally: "
                "no snapshot or statistics from it" for p in crashed],
             "limits": LIMITS}
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
 
 
 def _print_report(r: dict[str, Any]) -> None:
@@ -337,8 +223,7 @@ def _print_report(r: dict[str, Any]) -> None:
                          f"{format_bytes(row['peak_allocated'])}, "
                          f"reserved {format_bytes(row['peak_reserved'])}"
                          + (f", {row['num_ooms']} OOM(s)" if row["num_ooms"] else ""))
-    verdict = {True: "yes", False: "no", None: "unknown"}[r["fits"]]
-    lines.append(f"fits in {format_bytes(r['memory'], whole_units=True)}: {verdict} "
+    lines.append(f"fits in {format_bytes(r['memory'], whole_units=True)}: {r['verdict']} "
                  f"({r['fits_reason']})")
     for path in r["snapshots"]:
         lines.append(f"snapshot: {path}")
@@ -347,6 +232,11 @@ def _print_report(r: dict[str, Any]) -> None:
             lines.append(f"viewer:   {page} (works offline; or run: gpumem view {path})")
         elif isinstance(page, dict):
             lines.append(f"viewer:   not written ({page['error']})")
+    if r["script_stops"]:
+        lines.append(f"the script turned recording off {_times(r['script_stops'])}; simulate kept "
+                     "recording, so its snapshot covers the whole run")
+    for path in r["script_snapshots"]:
+        lines.append(f"snapshot written by the script: {path} (view it: gpumem view {path})")
     for path in r["oom_snapshots"]:
         page = r["views"].get(path) if isinstance(r["views"], dict) else None
         lines.append(f"OOM snapshot: {path}" + (f" (viewer: {page})" if isinstance(page, str)
@@ -391,8 +281,8 @@ def run(args: argparse.Namespace) -> int:
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         paths = [boot] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [pkg_root]
         env["PYTHONPATH"] = os.pathsep.join(paths)
-        env[_ENV_OUT], env[_ENV_STATS] = out, stats_dir
-        env[_ENV_PARENT], env[_ENV_ENTRIES] = str(os.getpid()), str(args.max_entries)
+        env[ENV_OUT], env[ENV_STATS] = out, stats_dir
+        env[ENV_PARENT], env[ENV_ENTRIES] = str(os.getpid()), str(args.max_entries)
         env.setdefault("GPUMEM_OOM_SNAPSHOT", out)
         if not args.json:
             print(f"gpumem simulate: running {shlex.join(cmd)} on {args.devices} simulated GPU(s) "

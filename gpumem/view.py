@@ -36,6 +36,7 @@ import tempfile
 from typing import Any
 
 from . import analysis
+from ._unpickle import gc_paused
 from .analysis import DeviceModel, StackTable
 
 __all__ = ["build_payload", "render_html", "write_view", "default_output"]
@@ -289,7 +290,7 @@ def build_payload(snap: dict, name: str, device: int | None = None,
         devices.append({"device": d, "events": len(traces[d]) if d < len(traces) else 0,
                         "reserved": sum(s["total_size"] for s in snap["segments"]
                                         if s["device"] == d)})
-    notes = []
+    notes = _empty_notes(snap, dev, m)
     if timeline:
         if len(timeline["ev"]) < m.n_events:
             notes.append(f"The timeline is sampled at {len(timeline['ev'])} of {m.n_events} "
@@ -319,6 +320,21 @@ def build_payload(snap: dict, name: str, device: int | None = None,
             "header": _header(snap, dev, m), "notes": notes, "timeline": timeline,
             "segments": segments, "table": table, "frames": out.frames,
             "stacks": out.stacks, "stack_site": out.stack_site, "sites": out.sites}
+
+
+def _empty_notes(snap: dict, dev: int, m: DeviceModel) -> list[str]:
+    """Why a page has no timeline (or nothing at all), in the page itself."""
+    if m.has_trace:
+        return []
+    if not any(s["device"] == dev for s in snap["segments"]):
+        return ["This snapshot is empty: it holds no allocation events and no memory. It was "
+                "taken while recording was off (torch.cuda.memory._record_memory_history("
+                "enabled=None) stops recording and clears the history), or before anything was "
+                "allocated on this device. Take the snapshot before recording is turned off."]
+    return ["No allocation trace: this snapshot holds only the memory state when it was taken "
+            "(recording was off, or on with enabled='state'), so the figures above are that "
+            "state, not peaks, and there is no timeline. Record with "
+            "torch.cuda.memory._record_memory_history() and dump before turning it off."]
 
 
 def _dumps(payload: dict) -> str:
@@ -353,6 +369,11 @@ def default_output(snapshot: str) -> str:
 
 def write_view(snapshot: str, output: str | None = None, device: int | None = None) -> dict:
     """Load ``snapshot``, write the page to ``output``; return what was written."""
+    with gc_paused():
+        return _write_view(snapshot, output, device)
+
+
+def _write_view(snapshot: str, output: str | None, device: int | None) -> dict:
     snap = analysis.load_checked(snapshot)
     caps = {"samples": MAX_SAMPLES, "bands": MAX_BANDS, "blocks": MAX_BLOCKS,
             "band_budget": BAND_SAMPLE_BUDGET, "stacks": MAX_STACKS}

@@ -86,7 +86,7 @@ def test_no_trace_snapshot_json(no_trace_file):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report == {"file": str(no_trace_file), "conf": "expandable_segments:True",
-                      "devices": [], "note": NOTE}
+                      "conf_source": "given", "devices": [], "note": NOTE}
 
 
 @needs_c
@@ -222,3 +222,33 @@ def test_internal_errors_are_one_line(no_trace_file, capsys, monkeypatch):
     monkeypatch.setenv("GPUMEM_TRACEBACK", "1")
     with pytest.raises(RuntimeError):
         main(["replay", str(no_trace_file)])
+
+
+def test_version():
+    import gpumem
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.startswith(f"gpumem {gpumem.__version__} (Python ")
+
+
+def test_sizes_in_decimal_units_read_as_such():
+    from gpumem._format import format_bytes
+    assert format_bytes(80 * 10**9, whole_units=True) == "80 GB (74.51 GiB)"
+    assert format_bytes(80 << 30, whole_units=True) == "80 GiB"
+    assert format_bytes(512 << 20, whole_units=True) == "512 MiB"
+    assert format_bytes(24 * 10**9 + 1, whole_units=True) == "22.35 GiB"
+
+
+def test_replay_memory_option(tmp_path):
+    snap = {"segments": [], "device_traces": [[
+        {"action": "alloc", "addr": 4096, "size": 3 << 20, "stream": 0},
+        {"action": "free_completed", "addr": 4096, "size": 3 << 20, "stream": 0}]]}
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    proc = run_cli("replay", str(path), "--memory", "24GB")
+    assert proc.returncode == 0, proc.stderr
+    assert "device memory          24 GB (22.35 GiB) (--memory)" in proc.stdout
+    assert "settings: torch defaults (the snapshot records no settings)" in proc.stdout
+    proc = run_cli("replay", str(path), "--memory", "lots")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("gpumem: error: --memory: bad memory size 'lots'")

@@ -10,8 +10,9 @@ import pytest
 import gpumem.replay as replay_mod
 from gpumem._conf import parse_conf
 from gpumem._unpickle import SnapshotError, load_snapshot
-from gpumem.replay import (NO_TRACE_NOTE, OP_ALLOC, OP_FREE, build_ops, replay_file,
-                           replay_snapshot, round_size, traced_devices)
+from gpumem.replay import (NO_TRACE_NOTE, OP_ALLOC, OP_FREE, OP_RELEASE, build_ops,
+                           recorded_conf, replay_file, replay_snapshot, round_size,
+                           traced_devices)
 
 MiB, GiB = 1 << 20, 1 << 30
 SNAPSHOTS = Path(__file__).parent.parent.parent / "shared" / "snapshots"
@@ -180,7 +181,8 @@ def test_torch_reserved_timeline_from_segment_events():
     assert ops.torch_reserved_start == 40 * MiB
     assert ops.torch_peak_reserved == 100 * MiB
     assert ops.segment_events == 5
-    assert ops.ops == []
+    # one release op for the frees and unmaps with no alloc or free between them
+    assert ops.ops == [(OP_RELEASE, 0, 0, 0)] and ops.releases == 1
 
 
 def test_torch_peak_can_be_the_starting_value():
@@ -387,3 +389,84 @@ def test_c_replay_real_snapshots(path, conf):
         assert row["gpumem_peak_reserved"] >= row["peak_allocated"]
         if ops.ops:
             assert row["num_device_alloc"] >= 1
+
+
+# ------------------------------------------- pressure: releases, capacity, settings
+
+def _released_then_grown():
+    """torch cached a 40 MiB segment, gave it back (empty_cache), then grew a
+    60 MiB one: its peak reserved is 60 MiB, not 100."""
+    return [seg("segment_alloc", 0x1000_0000, 40 * MiB), alloc(0x1000_0000, 40 * MiB),
+            freq(0x1000_0000, 40 * MiB), fdone(0x1000_0000, 40 * MiB),
+            seg("segment_free", 0x1000_0000, 40 * MiB),
+            seg("segment_alloc", 0x2000_0000, 60 * MiB), alloc(0x2000_0000, 60 * MiB),
+            freq(0x2000_0000, 60 * MiB), fdone(0x2000_0000, 60 * MiB),
+            seg("segment_free", 0x2000_0000, 60 * MiB)]
+
+
+def test_segment_frees_become_release_ops():
+    ops = build_ops(snapshot([_released_then_grown()]), 0)
+    assert ops.ops == [A(0x1000_0000, 40 * MiB), F(0x1000_0000), (OP_RELEASE, 0, 0, 0),
+                       A(0x2000_0000, 60 * MiB), F(0x2000_0000), (OP_RELEASE, 0, 0, 0)]
+    assert ops.releases == 2 and ops.torch_peak_reserved == 60 * MiB
+
+
+def test_c_replay_releases_where_torch_released():
+    _c_module()
+    [row] = replay_snapshot(snapshot([_released_then_grown()]))["devices"]
+    assert row["torch_peak_reserved"] == 60 * MiB
+    assert row["gpumem_peak_reserved"] == 60 * MiB  # 100 MiB when the cache is kept
+    assert row["releases"] == 2 and row["gpumem_reserved_end"] == 0
+
+
+def test_capacity_comes_from_the_traces_oom_entries():
+    _c_module()
+    trace = [seg("segment_alloc", 0x1000_0000, 64 * MiB), alloc(0x1000_0000, 64 * MiB),
+             {"action": "oom", "device_free": 36 * MiB, "size": 80 * MiB, "stream": 0},
+             {"action": "oom", "device_free": 30 * MiB, "size": 80 * MiB, "stream": 0}]
+    segs = [segment(0, 0x1000_0000, [(64 * MiB, "active_allocated", 64 * MiB)])]
+    ops = build_ops(snapshot([trace], segs), 0)
+    assert ops.trace_capacity == 100 * MiB and ops.trace_ooms == 2
+    [row] = replay_snapshot(snapshot([trace], segs))["devices"]
+    assert (row["capacity"], row["capacity_source"]) == (100 * MiB, "trace")
+    [row] = replay_snapshot(snapshot([trace], segs), capacity=GiB)["devices"]
+    assert (row["capacity"], row["capacity_source"]) == (GiB, "given")
+
+
+def test_recorded_settings():
+    base = snapshot([[alloc(0xA000, 512)]])
+    conf, source = recorded_conf(base)
+    assert conf == parse_conf("") and source == "the snapshot records no settings"
+    settings = {"PYTORCH_CUDA_ALLOC_CONF": "x", "expandable_segments": True,
+                "max_split_size": 256 * MiB, "garbage_collection_threshold": 0.5,
+                "release_lock_on_cudamalloc": False,
+                "roundup_power2_divisions": {str(1 << i): (4 if i < 3 else 0) for i in range(16)}}
+    conf, source = recorded_conf(dict(base, allocator_settings=settings))
+    assert conf == parse_conf("expandable_segments:True,max_split_size_mb:256,"
+                              "garbage_collection_threshold:0.5,roundup_power2_divisions:[4:4]")
+    assert source == "from the snapshot's allocator_settings"
+    default = dict(settings, expandable_segments=False, max_split_size=-1,
+                   garbage_collection_threshold=0.0, roundup_power2_divisions={})
+    assert recorded_conf(dict(base, allocator_settings=default))[0] == parse_conf("")
+    exp = snapshot([[alloc(0xA000, 512)]], [dict(segment(0, 0x1000, [(2 * MiB, "inactive", 0)]),
+                                                  is_expandable=True)])
+    conf, source = recorded_conf(exp)
+    assert conf == parse_conf("expandable_segments:True") and "expandable" in source
+    bad = dict(base, allocator_settings=dict(settings, garbage_collection_threshold=7.0))
+    conf, source = recorded_conf(bad)
+    assert conf == parse_conf("") and "garbage_collection_threshold" in source
+
+
+def test_replay_uses_the_recorded_settings_unless_given(tmp_path):
+    _c_module()
+    import pickle
+    snap = dict(snapshot([[alloc(0xA000, 3 * MiB), fdone(0xA000, 3 * MiB)]]),
+                allocator_settings={"expandable_segments": True})
+    path = tmp_path / "exp.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    report = replay_file(path)
+    assert report["conf"] == "expandable_segments:True"
+    assert report["conf_source"] == "from the snapshot's allocator_settings"
+    assert report["devices"][0]["expandable_active"] is True
+    report = replay_file(path, "")
+    assert (report["conf"], report["conf_source"]) == ("", "given")

@@ -98,3 +98,54 @@ def test_module_has_what_cli_needs():
     assert (args.memory, args.devices) == ("8GiB", 2)
     assert [a for a in args.cmd if a != "--"] == ["python", "t.py", "--lr", "1"]
     assert callable(simulate.run) and simulate.HELP
+
+
+def test_a_script_that_turns_recording_off_still_gets_a_full_snapshot(tmp_path):
+    """Five of the six seed articles end with _record_memory_history(enabled=None)."""
+    built_shim()
+    proc = run_simulate(tmp_path, '''
+        import torch
+        torch.cuda.memory._record_memory_history(max_entries=100000)
+        keep = [torch.empty(n << 20, dtype=torch.uint8, device="cuda") for n in (1, 8, 64)]
+        torch.cuda.memory._dump_snapshot("my_snapshot.pickle")
+        torch.cuda.memory._record_memory_history(enabled=None)
+    ''')
+    out = tmp_path / "out"
+    report = json.loads((out / "summary.json").read_text())
+    with open(out / "snapshot.pickle", "rb") as f:
+        snap = pickle.load(f)
+    allocs = [e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    assert sorted(allocs)[-3:] == [1 << 20, 8 << 20, 64 << 20]
+    mine = str(tmp_path / "my_snapshot.pickle")
+    assert report["script_snapshots"] == [mine] and report["script_stops"] == 1
+    assert f"snapshot written by the script: {mine}" in proc.stdout
+    assert "turned recording off once; simulate kept recording" in proc.stdout
+    page = (out / "snapshot.html").read_text()
+    assert '"n_events":' in page and "This snapshot is empty" not in page
+
+
+def test_a_recovered_oom_is_not_a_plain_no_and_its_snapshot_is_named_once(tmp_path):
+    built_shim()
+    proc = run_simulate(tmp_path, '''
+        import torch
+        a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        try:
+            b = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")   # 3 GiB on a 2 GiB GPU
+        except torch.OutOfMemoryError as e:
+            print("recovered:", e)
+    ''', "--memory", "2GiB")
+    report = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert report["fits"] is None and report["verdict"] == "not everything it tried"
+    assert ("fits in 2 GiB: not everything it tried (the script ran out of memory once, caught "
+            "the error and finished with status 0") in proc.stdout
+    (oom,) = report["oom_snapshots"]
+    said = (proc.stdout + proc.stderr).count(f"written to {oom}")
+    assert said == 1, proc.stdout + proc.stderr
+
+
+def test_memory_in_decimal_units_reads_as_such(tmp_path):
+    built_shim()
+    proc = run_simulate(tmp_path, "import torch; x = torch.ones(4, device='cuda')\n",
+                        "--memory", "80GB")
+    assert "on 1 simulated GPU(s) of 80 GB (74.51 GiB)" in proc.stdout
+    assert "KiB" not in proc.stdout.split("peak memory")[0]

@@ -283,6 +283,10 @@ def test_summary_of_a_segments_only_snapshot(tmp_path, capsys):
     assert dev["at_snapshot"]["pending_free"] == MiB
     assert dev["top_live_at_peak"][0]["site"] == "/u/train.py:7:step"
     assert dev["top_live_at_peak"][0]["bytes"] == MiB - 5
+    assert cli.main(["summary", str(path)]) == 0   # no trace: no peak is claimed
+    text = capsys.readouterr().out
+    assert "reserved but unallocated at the snapshot: 3.00 MiB" in text, text
+    assert "at peak" not in text and "peak reserved" not in text, text
 
 
 def test_optimizer_step_regions_are_step_markers(tmp_path, capsys):
@@ -393,3 +397,52 @@ def test_diff_between_two_real_snapshots(shared_snapshots, capsys):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# A user's own code in folders named like each library package, on POSIX and
+# Windows, beside the same packages installed (gpumem/_origin.py).
+USER_FILES = [f"/home/u/{name}/train.py" for name in ("torch", "torchgen", "functorch",
+                                                      "triton", "gpumem")] + [
+    "/home/u/gpumem/examples/loss_history_leak.py", "/srv/gpumem/gpumem/train.py",
+    "/work/torch/nn/my_layer.py", "/home/u/lib/python3.11/my_model.py",
+    "D:\\proj\\Lib\\model.py", "C:\\Users\\u\\torch\\train.py"]
+LIBRARY_FILES = [
+    "/venv/lib/python3.11/site-packages/torch/nn/functional.py",
+    "/usr/lib/python3/dist-packages/torch/_tensor.py",
+    "/opt/conda/lib/python3.10/site-packages/triton/runtime/jit.py",
+    "/opt/conda/lib/python3.10/site-packages/torchgen/model.py",
+    "/opt/conda/lib/python3.10/site-packages/functorch/__init__.py",
+    "/venv/lib/python3.12/site-packages/gpumem/record.py",
+    "C:\\venv\\Lib\\site-packages\\torch\\nn\\modules\\module.py",
+    "/usr/lib/python3.11/contextlib.py", "/opt/py/lib/python3.13t/threading.py",
+    "C:\\Python311\\Lib\\contextlib.py", "C:\\Python311\\Lib\\asyncio\\events.py",
+    "/tmp/torchinductor_u/ab/cabc.py", "<frozen runpy>",
+    os.path.join(os.path.dirname(analysis.__file__), "record.py"),   # this gpumem
+]
+
+
+@pytest.mark.parametrize("path", USER_FILES)
+def test_user_code_in_folders_named_like_libraries(path):
+    assert not analysis.is_library_file(path)
+    st = analysis.StackTable()
+    frames = [{"filename": LIBRARY_FILES[0], "line": 5, "name": "linear"},
+              {"filename": path, "line": 12, "name": "step"}]
+    site = st.site_of_stack(st.intern(frames))
+    assert (site["kind"], site["label"]) == ("user", f"{path}:12:step")
+
+
+@pytest.mark.parametrize("path", LIBRARY_FILES)
+def test_installed_libraries_are_library_code(path):
+    assert analysis.is_library_file(path)
+
+
+def test_a_package_beside_this_interpreters_stdlib_is_not_the_stdlib():
+    import sysconfig
+    stdlib = sysconfig.get_paths()["stdlib"]
+    assert analysis.is_library_file(os.path.join(stdlib, "contextlib.py"))
+    st = analysis.StackTable()
+    einops = os.path.join(stdlib, "site-packages", "einops", "einops.py")
+    frames = [{"filename": einops, "line": 3, "name": "rearrange"},
+              {"filename": "/home/u/proj/train.py", "line": 12, "name": "step"}]
+    assert st.site_of_stack(st.intern(frames))["label"] == (
+        f"/home/u/proj/train.py:12:step (via {einops}:3:rearrange)")

@@ -67,9 +67,13 @@ def test_shim_built_for_something_else_is_refused_then_rebuilt(shim_copy, field,
     assert "error" in o and label in o["error"] and "GPUMEM_SHIM_BUILD=0" in o["error"], o
     assert not o["imported"]
     # building allowed (install()'s default): rebuilt, recorded, then loaded
-    o = last_json(run_py(CHECK, env={"GPUMEM_CACHE_DIR": str(root),
-                                     "GPUMEM_SHIM_BUILD": "1"}, timeout=900).stdout)
+    proc = run_py(CHECK, env={"GPUMEM_CACHE_DIR": str(root), "GPUMEM_SHIM_BUILD": "1"},
+                  timeout=900)
+    o = last_json(proc.stdout)
     assert o.get("loaded") and o["imported"], o
+    # one progress line, naming the cache
+    said = [line for line in proc.stderr.splitlines() if line.startswith("gpumem: building")]
+    assert len(said) == 1 and f"into {d} (GPUMEM_CACHE_DIR moves the cache)" in said[0], proc.stderr
     assert json.loads(meta.read_text())[field] != value
 
 

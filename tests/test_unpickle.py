@@ -305,3 +305,61 @@ def test_real_snapshot_loads(path):
     else:
         assert snap["segments"] == plain["segments"]
         assert snap["device_traces"] == plain.get("device_traces", plain.get("traces"))
+
+
+# ------------------------------------------------- large snapshots (gpumem view's speed)
+
+def _big_trace(n):
+    frames = [{"filename": "/u/t.py", "line": 1, "name": "f"}]
+    trace = []
+    for i in range(n // 2):
+        trace.append({"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0,
+                      "time_us": i, "frames": frames})
+        trace.append({"action": "free_completed", "addr": 4096 * i, "size": 512, "stream": 0,
+                      "time_us": i, "frames": frames})
+    return trace
+
+
+def test_loading_runs_no_garbage_collection():
+    """A snapshot is plain acyclic data: the collector, which would run hundreds of
+    times while a large trace is unpickled (rescanning the older objects each
+    time it reaches an older generation), is paused: it was most of the load
+    time of a 1,000,000-event snapshot."""
+    import gc
+    data = pickle.dumps({"segments": [], "device_traces": [_big_trace(200_000)]}, protocol=4)
+    runs = []
+
+    def count(phase, info):
+        if phase == "start":
+            runs.append(info["generation"])
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        snap = loads_snapshot(data, "big")
+    finally:
+        gc.callbacks.remove(count)
+    assert len(snap["device_traces"][0]) == 200_000
+    assert len(runs) <= 1, len(runs)   # at most the one young collection after it resumes
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("key,value", [("addr", 1 << 64), ("size", 1 << 70), ("stream", -(1 << 64)),
+                                       ("stream", 1 << 64)])
+def test_the_loader_rejects_trace_integers_wider_than_64_bits(key, value):
+    """One pass over the trace: the loader itself rejects what no allocator writes."""
+    trace = _big_trace(10)
+    trace[7][key] = value
+    data = pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4)
+    with pytest.raises(SnapshotError, match=r"device_traces\[0\]\[7\] has '%s' = .*which does not "
+                                            r"fit in 64 bits" % key):
+        loads_snapshot(data, "x")
+
+
+def test_oom_entries_with_an_addr_and_allocs_with_device_free_are_checked_too():
+    trace = _big_trace(4)
+    trace[1]["device_free"] = 1 << 64
+    with pytest.raises(SnapshotError, match="device_free"):
+        normalize_snapshot({"segments": [], "device_traces": [trace]})
+    oom = {"action": "oom", "device_free": 5, "size": 512, "stream": 0, "addr": -1}
+    with pytest.raises(SnapshotError, match="'addr' = -1"):
+        normalize_snapshot({"segments": [], "device_traces": [[oom]]})

@@ -205,3 +205,15 @@ def test_view_of_real_snapshots(shared_snapshots, tmp_path, capsys, name):
     else:
         assert dev["source"] == "segments"
     assert data["segments"]["stats"] == dev["at_snapshot"]
+
+
+def test_a_page_without_a_trace_says_why():
+    empty = view.build_payload({"segments": [], "device_traces": []}, "empty.pickle")
+    assert empty["timeline"] is None
+    assert any(n.startswith("This snapshot is empty") and "enabled=None" in n
+               for n in empty["notes"]), empty["notes"]
+    state = view.build_payload(segments_only(), "segs.pickle")
+    assert any(n.startswith("No allocation trace") for n in state["notes"]), state["notes"]
+    traced = view.build_payload({"segments": [], "device_traces": [[
+        {"action": "alloc", "addr": 4096, "size": 512, "stream": 0}]]}, "t.pickle")
+    assert not any("No allocation trace" in n or "is empty" in n for n in traced["notes"])

@@ -313,6 +313,11 @@ def test_segments_only_page(browser, tmp_path, capsys):
       c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + 5, clientY: r.top + 8, bubbles: true}));
       return document.getElementById('tooltip').textContent; })()""")
     assert "/u/train.py:7:step" in text and "allocated" in text
+    header = page.js("document.getElementById('stats').textContent")
+    assert "reserved but unallocated at the snapshot (no trace)" in header, header
+    assert "at peak" not in header and "peak reserved" not in header, header
+    notes = page.js("document.getElementById('notes').textContent")
+    assert "No allocation trace" in notes, notes
     page.screenshot(tmp_path / "segments-only.png")
     check_clean(page)
 

@@ -1,7 +1,9 @@
 /*
- * replay.c - _C.replay: alloc/free op lists (from a snapshot's trace,
- * gpumem/replay.py) run through the core on a fresh virtual simulated
+ * replay.c - _C.replay: alloc/free/release op lists (from a snapshot's
+ * trace, gpumem/replay.py) run through the core on a fresh virtual simulated
  * device, for the fragmentation and speed figures of `gpumem replay`.
+ * A release op is the core's empty_cache, where the trace shows torch
+ * giving cached memory back (gpumem/replay.py, Note [Replaying releases]).
  *
  * Invariants: each call owns its simulated device and core, and destroys
  * both before returning; nothing is shared between calls. The loop runs
@@ -21,7 +23,7 @@
 #include "settings.h"
 
 typedef struct replay_result {
-    long ops, ooms, unknown_frees, conflicts;
+    long ops, ooms, unknown_frees, conflicts, releases;
     long long elapsed_ns;
     int rc;
 } replay_result_t;
@@ -39,7 +41,14 @@ static void run_replay(gm_alloc_t *a, const uint8_t *act, const uint64_t *addr,
     for (size_t i = 0; i < n; i++) {
         uintptr_t key = (uintptr_t)addr[i] + 1; /* 0 is the map's empty key */
         uintptr_t ptr;
-        if (act[i] == 0) {
+        if (act[i] == 2) {
+            int rc = gm_alloc_empty_cache(a, 0);
+            if (rc) {
+                r->rc = rc;
+                break;
+            }
+            r->releases++;
+        } else if (act[i] == 0) {
             if (gm_ptrmap_del(&map, key, &ptr)) {
                 r->conflicts++;
                 if (ptr)
@@ -105,8 +114,9 @@ static PyObject *py_replay(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     const uint8_t *acts = act.buf;
     for (size_t i = 0; i < n; i++)
-        if (acts[i] > 1) {
-            PyErr_Format(PyExc_ValueError, "actions[%zu] is %d; expected 0 (alloc) or 1 (free)", i,
+        if (acts[i] > 2) {
+            PyErr_Format(PyExc_ValueError,
+                         "actions[%zu] is %d; expected 0 (alloc), 1 (free) or 2 (release)", i,
                          acts[i]);
             goto done;
         }
@@ -128,7 +138,7 @@ static PyObject *py_replay(PyObject *self, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     result = Py_BuildValue(
-        "{s:l,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:l,s:l,s:l,s:L,s:L,s:O}", "ops", r.ops,
+        "{s:l,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:l,s:l,s:l,s:l,s:L,s:L,s:O}", "ops", r.ops,
         "elapsed_ns", r.elapsed_ns, "peak_allocated",
         (long long)st.allocated_bytes[GM_STAT_ALL].peak, "peak_requested",
         (long long)st.requested_bytes[GM_STAT_ALL].peak,
@@ -136,7 +146,7 @@ static PyObject *py_replay(PyObject *self, PyObject *args, PyObject *kwargs) {
         (long long)st.active_bytes[GM_STAT_ALL].peak, "num_device_alloc",
         (long long)st.num_device_alloc, "num_device_free", (long long)st.num_device_free,
         "num_alloc_retries", (long long)st.num_alloc_retries, "num_ooms", r.ooms, "unknown_frees",
-        r.unknown_frees, "conflicts", r.conflicts, "reserved_end",
+        r.unknown_frees, "conflicts", r.conflicts, "releases", r.releases, "reserved_end",
         (long long)st.reserved_bytes[GM_STAT_ALL].current, "allocated_end",
         (long long)st.allocated_bytes[GM_STAT_ALL].current, "expandable",
         gm_alloc_expandable_active(a) ? Py_True : Py_False);
@@ -155,7 +165,8 @@ done:
 static PyMethodDef methods[] = {
     {"replay", (PyCFunction)(void (*)(void))py_replay, METH_VARARGS | METH_KEYWORDS,
      "replay(actions, addrs, sizes, streams, *, capacity, settings=None, granularity=2MiB)\n"
-     "Replay alloc (0) / free (1) ops through the core on a virtual simulated device."},
+     "Replay alloc (0) / free (1) / release (2: empty_cache) ops through the core on a\n"
+     "virtual simulated device."},
     {NULL, NULL, 0, NULL}};
 
 int gm_py_replay_init(PyObject *module) { return PyModule_AddFunctions(module, methods); }

@@ -96,10 +96,12 @@
     var box = $("stats");
     var traced = h.peak_index !== null && h.peak_index !== undefined;
     stat(box, fmtBytes(h.peak_allocated), traced ? "peak allocated (event " + fmtCount(h.peak_index) + ")" : "allocated (no trace)");
-    stat(box, fmtBytes(h.peak_reserved), traced && !h.reserved_known ? "reserved (at the snapshot)" : "peak reserved");
+    stat(box, fmtBytes(h.peak_reserved), traced && h.reserved_known ? "peak reserved" : "reserved (at the snapshot)");
     if (h.frag_at_peak !== null && h.frag_at_peak !== undefined) {
       var pct = h.reserved_at_peak ? 100 * h.frag_at_peak / h.reserved_at_peak : 0;
-      stat(box, fmtBytes(h.frag_at_peak) + " (" + pct.toFixed(1) + "%)", "reserved but unallocated at peak", pct > 30 ? "warn" : "");
+      stat(box, fmtBytes(h.frag_at_peak) + " (" + pct.toFixed(1) + "%)",
+           traced ? "reserved but unallocated at peak" : "reserved but unallocated at the snapshot (no trace)",
+           pct > 30 ? "warn" : "");
     }
     stat(box, fmtCount(h.events), "trace events");
     stat(box, fmtCount(h.allocations), "allocations in the trace");

@@ -1,0 +1,123 @@
+"""The viewer's first render on a 1,000,000-event snapshot, in headless Chromium.
+
+    python benchmarks/viewer_render.py [--baseline REV] [--rounds N] [--json]
+
+Builds the synthetic 1,000,000-event training snapshot of
+tests/test_view_scale.py and, each round, times what a user waits for: the
+``gpumem view`` command (a new process: load the pickle, analyse, write the
+page), then the page opened in Debian's headless chromium (driven over
+DevTools as tests/test_view_browser.py does, offline) until it marks itself
+drawn (body[data-ready=1]: header, timeline, segments and table rendered).
+The figure is the median over the rounds of the sum, "first render".  With
+--baseline REV, gpumem REV's viewer (its gpumem/ package from git, pure
+Python) is measured in the same rounds, alternately, in the same browser, so
+the two figures come from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+def write_page(snapshot: Path, out: Path, package_root: Path) -> float:
+    """``gpumem view`` in a new process, with the gpumem package under
+    package_root; seconds taken."""
+    env = dict(os.environ, PYTHONPATH=str(package_root))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "gpumem", "view", str(snapshot), "-o", str(out)],
+                   env=env, check=True, capture_output=True, text=True, cwd=str(package_root))
+    return time.perf_counter() - t0
+
+
+def first_render_ms(browser, page_path: Path) -> float:
+    """Navigate a fresh tab to the page; ms until it marks itself drawn."""
+    from test_view_browser import Page
+    t0 = time.perf_counter()
+    page = Page(browser, page_path)   # returns once body[data-ready=1] (polls every 50 ms)
+    took = (time.perf_counter() - t0) * 1000
+    errors = page.problems()
+    if errors:
+        raise RuntimeError(f"the page reported errors: {errors[:3]}")
+    page.b.send("Target.closeTarget", {"targetId": page.cmd("Target.getTargetInfo")
+                                       ["targetInfo"]["targetId"]})
+    return took
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", metavar="REV", help="also measure gpumem REV's viewer")
+    parser.add_argument("--rounds", type=int, default=5, help="page loads per viewer (default 5)")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    args = parser.parse_args(argv)
+    if shutil.which("chromium") is None:
+        print("viewer_render: error: Debian's chromium is not installed (./setup.sh installs it)",
+              file=sys.stderr)
+        return 2
+    from test_view_browser import Chromium
+    from test_view_scale import synthetic_snapshot
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpumem-viewer-bench-"))
+    try:
+        snap = tmp / "big.pickle"
+        with open(snap, "wb") as f:
+            pickle.dump(synthetic_snapshot(args.events), f, protocol=4)
+        trees = {"current": ROOT}
+        if args.baseline:
+            base = tmp / "baseline"
+            base.mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.baseline, "gpumem"],
+                                     check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+            trees["baseline"] = base
+        pages = {name: tmp / f"{name}.html" for name in trees}
+        view_ms: dict[str, list[float]] = {name: [] for name in trees}
+        draw_ms: dict[str, list[float]] = {name: [] for name in trees}
+        browser = Chromium()
+        try:
+            write_page(snap, pages["current"], ROOT)
+            first_render_ms(browser, pages["current"])   # warm the browser up, not counted
+            for _ in range(args.rounds):
+                for name, tree in trees.items():
+                    view_ms[name].append(write_page(snap, pages[name], tree) * 1000)
+                    draw_ms[name].append(first_render_ms(browser, pages[name]))
+        finally:
+            browser.close()
+        result = {"events": args.events, "rounds": args.rounds, "viewers": {}}
+        for name in trees:
+            total = [v + d for v, d in zip(view_ms[name], draw_ms[name])]
+            result["viewers"][name] = {
+                "revision": args.baseline if name == "baseline" else "working tree",
+                "first_render_ms_median": round(statistics.median(total), 1),
+                "first_render_ms": [round(t, 1) for t in total],
+                "gpumem_view_ms_median": round(statistics.median(view_ms[name]), 1),
+                "browser_draw_ms_median": round(statistics.median(draw_ms[name]), 1),
+                "page_bytes": pages[name].stat().st_size}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for name, v in result["viewers"].items():
+            print(f"{name} ({v['revision']}): first render {v['first_render_ms_median']} ms "
+                  f"(median of {args.rounds}: gpumem view {v['gpumem_view_ms_median']} ms, "
+                  f"browser {v['browser_draw_ms_median']} ms), page "
+                  f"{v['page_bytes'] / 2**20:.2f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

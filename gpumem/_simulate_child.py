@@ -1,0 +1,201 @@
+"""The child side of ``gpumem simulate``: what runs inside every Python process of the run.
+
+The run's sitecustomize (gpumem/simulate.py, Note [Setting up the child])
+calls _child_setup(); once ``import torch`` has finished, _activate()
+installs gpumem, starts recording, keeps each device's peaks across
+torch.cuda.reset_peak_memory_stats(), and, at exit, _child_finish() writes
+the process's snapshot and its statistics (JSON) for the parent to read.
+Nothing here may raise into the script: failures are reported on stderr
+and the script runs on.
+
+Note [The script's own recording]
+Rationale: most scripts written after PyTorch's memory-snapshot articles turn
+  recording off at the end (torch.cuda.memory._record_memory_history(
+  enabled=None)), which also clears the history: simulate's own snapshot,
+  taken at exit, was then empty, and its page showed nothing.
+Approach: in the child, the script's calls that would stop recording
+  (enabled=None or False, record_cuda=False) are counted and otherwise
+  ignored, so recording goes on with the settings in force; calls that start
+  or change it take effect.  Every snapshot the script writes itself
+  (torch.cuda.memory._dump_snapshot, gpumem.dump_snapshot, gpumem.record)
+  is noted and named in the report.
+Limitations: a history the script cleared by stopping is not cleared, so a
+  dump after it restarts holds the earlier events too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+__all__ = ["ENV_OUT", "ENV_STATS", "ENV_PARENT", "ENV_ENTRIES"]
+
+ENV_OUT = "GPUMEM_SIMULATE_OUT"
+ENV_STATS = "GPUMEM_SIMULATE_STATS"
+ENV_PARENT = "GPUMEM_SIMULATE_PARENT"
+ENV_ENTRIES = "GPUMEM_SIMULATE_MAX_ENTRIES"
+
+
+class _TorchImportHook:
+    """A one-shot meta path finder: run _activate() once ``import torch`` has finished."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            _activate()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+_peaks: dict[int, dict[str, int]] = {}   # device -> highest peaks seen before resets
+_active_child = False
+
+
+def _child_setup() -> None:
+    """Called by the run's sitecustomize in every Python process."""
+    if not os.environ.get(ENV_STATS):
+        return
+    if "torch" in sys.modules:
+        _activate()
+    else:
+        sys.meta_path.insert(0, _TorchImportHook())
+
+
+def _activate() -> None:
+    """gpumem.install() and recording, right after torch is imported; never raises."""
+    global _active_child
+    if _active_child:
+        return
+    _active_child = True
+    import atexit
+    try:
+        import gpumem
+        from gpumem import history
+        gpumem.install()
+        entries = int(os.environ.get(ENV_ENTRIES) or 100_000)
+        history.record_memory_history("all", "all", "python", entries)
+        _wrap_reset_peaks()
+        _keep_recording(sys.modules["torch"], history)
+    except Exception as e:  # the script still runs, on torch's allocator
+        sys.stderr.write(f"gpumem simulate: gpumem could not be installed in this process "
+                         f"({type(e).__name__}: {e}); it runs without recording\n")
+        return
+    _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "incomplete": True})
+    atexit.register(_child_finish)
+
+
+_script_dumps: list[str] = []       # snapshots the script wrote itself
+_script_stops = 0                   # its calls that would have stopped recording
+_own_dump = False                   # True while simulate writes its own snapshot
+
+
+def _keep_recording(torch: Any, history: Any) -> None:
+    """Note [The script's own recording]: stop calls are ignored, the script's
+    own snapshot files are noted."""
+    original = history._record_memory_history
+
+    def _record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+        global _script_stops
+        if enabled is None or enabled is False or kwargs.get("record_cuda") is False:
+            _script_stops += 1
+            return
+        original(enabled, *args, **kwargs)
+
+    for module in (torch.cuda.memory, torch.cuda):
+        if getattr(module, "_record_memory_history", None) is original:
+            module._record_memory_history = _record_memory_history
+    write = history.write_snapshot
+
+    def write_snapshot(snap: dict, filename: Any, **kwargs: Any) -> None:
+        write(snap, filename, **kwargs)
+        path = os.path.abspath(os.fspath(filename))
+        if not _own_dump and path not in _script_dumps:
+            _script_dumps.append(path)
+
+    history.write_snapshot = write_snapshot
+
+
+def _write_stats(out: dict) -> None:
+    try:
+        target = os.path.join(os.environ[ENV_STATS], f"{os.getpid()}.json")
+        with open(target + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(out, f)
+        os.replace(target + ".tmp", target)
+    except OSError as e:
+        sys.stderr.write(f"gpumem simulate: cannot write this process's statistics: {e}\n")
+
+
+def _wrap_reset_peaks() -> None:
+    """Keep each device's peaks across resets (every reset goes through shim.reset_peak)."""
+    from gpumem import _shim_state
+    shim = _shim_state.shim()
+    original = shim.reset_peak
+
+    def reset_peak(device: int) -> None:
+        _note_peaks()
+        original(device)
+
+    shim.reset_peak = reset_peak
+
+
+def _note_peaks() -> dict[int, dict[str, int]]:
+    from gpumem import _shim_state
+    shim = _shim_state.shim()
+    for d in shim.devices():
+        st = shim.stats(d)
+        cur = _peaks.setdefault(d, {"allocated": 0, "reserved": 0})
+        cur["allocated"] = max(cur["allocated"], st.get("allocated_bytes.all.peak", 0))
+        cur["reserved"] = max(cur["reserved"], st.get("reserved_bytes.all.peak", 0))
+        cur["num_ooms"] = st.get("num_ooms", 0)
+        cur["allocated_end"] = st.get("allocated_bytes.all.current", 0)
+        cur["reserved_end"] = st.get("reserved_bytes.all.current", 0)
+    return _peaks
+
+
+def _child_name() -> str:
+    from gpumem.record import current_rank
+    rank = current_rank()
+    if rank is not None:
+        return f"snapshot_rank{rank}.pickle"
+    if str(os.getppid()) == os.environ.get(ENV_PARENT):
+        return "snapshot.pickle"
+    return f"snapshot_pid{os.getpid()}.pickle"
+
+
+def _child_finish() -> None:
+    """atexit: this process's snapshot and statistics for the parent."""
+    out: dict[str, Any] = {"pid": os.getpid(), "argv": sys.argv[:8], "snapshot": None,
+                           "error": None, "devices": {}, "oom_snapshots": []}
+    try:
+        import torch
+        from gpumem import history
+        from gpumem.record import current_rank, oom_snapshots_written
+        out["rank"] = current_rank()
+        out["oom_snapshots"] = oom_snapshots_written()
+        if torch.cuda.is_initialized():
+            global _own_dump
+            out["devices"] = {str(d): v for d, v in _note_peaks().items()}
+            path = os.path.join(os.environ[ENV_OUT], _child_name())
+            _own_dump = True
+            history.dump_snapshot(path)
+            out["snapshot"] = path
+        out["script_snapshots"] = [p for p in _script_dumps if p not in out["oom_snapshots"]]
+        out["script_stops"] = _script_stops
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    _write_stats(out)
