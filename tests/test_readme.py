@@ -1,7 +1,7 @@
 """Every command in README.md, run exactly as written, from a clone folder named ``gpumem``.
 
-A command is a line of a fenced block that is not Python (its ``# comment``
-tail dropped).  Each one is either run here, in order, in a copy of this
+A command is a line of a fenced block that is neither Python nor ``text``
+(sample output; its ``# comment`` tail dropped).  Each one is either run here, in order, in a copy of this
 checkout placed in a folder named ``gpumem`` (the default name of a clone:
 nothing may depend on the folder's name), or is one of the two commands CI
 runs (``.ci/run``: the set-up command and the full test command).  A README
@@ -54,7 +54,7 @@ def readme_blocks() -> list[tuple[str, list[str]]]:
 def readme_commands() -> list[str]:
     out = []
     for lang, lines in readme_blocks():
-        if lang == "python":
+        if lang in ("python", "text"):
             continue
         for line in lines:
             command = re.split(r"\s{2,}#", line, maxsplit=1)[0].strip()
@@ -81,18 +81,26 @@ MAIN_JOB = [
     "gpumem diff loss_leak_before.pickle loss_leak_after.pickle",
 ]
 FAST_TIER = ['python -m pytest -q -m "not slow" tests']
+DOCTOR = ["gpumem doctor"]
+GPU_SUITE = [
+    "python -m pytest -q tests/gpu",
+    "GPUMEM_GPU_RESULTS=gpu.json python -m pytest -q tests/gpu",
+    "gpumem simulate --out /tmp/gpumem_simulate -- python -m pytest -q tests/gpu",
+]
 BENCHMARKS_PREFIX = "python benchmarks/"
 
 
 def test_every_readme_command_is_covered():
     commands = readme_commands()
-    covered = set(BY_CI) | set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER)
+    covered = set(BY_CI) | set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) | set(DOCTOR)
+    covered |= set(GPU_SUITE)
     stray = [c for c in commands if c not in covered and not c.startswith(BENCHMARKS_PREFIX)]
     assert stray == [], f"README commands no test runs: {stray}"
     assert [c for c in commands if c in BY_CI] == list(BY_CI)   # one set-up, one test command
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert all(c in ci for c in BY_CI), ci
-    assert set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) <= set(commands)
+    assert set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) | set(DOCTOR) | set(GPU_SUITE) \
+        <= set(commands)
 
 
 def test_setup_installs_what_a_simulated_run_needs():
@@ -219,3 +227,23 @@ def test_fast_tier_in_a_clone_named_gpumem(clone):
     proc = subprocess.run(["bash", "-c", FAST_TIER[0]], cwd=dst, env=env, capture_output=True,
                           text=True, timeout=1200)
     assert proc.returncode == 0, textwrap.shorten(proc.stdout[-4000:], 4000)
+
+
+@pytest.mark.slow
+def test_doctor_as_written(clone):
+    """Exit 0 on a machine with a GPU, 3 (documented: no GPU here) without one."""
+    dst, env = clone
+    proc = subprocess.run(["bash", "-c", DOCTOR[0]], cwd=dst, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode in (0, 3), (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.stdout.splitlines()[-1].startswith("verdict: "), proc.stdout
+
+
+@pytest.mark.slow
+def test_gpu_suite_as_written(clone):
+    """tests/gpu as the README runs it: skipped with reasons here, passing on the
+    simulated GPU."""
+    dst = clone[0]
+    for command in GPU_SUITE:
+        run(clone, command, timeout=900)
+    assert (dst / "gpu.json").exists() or "skipped" in run(clone, GPU_SUITE[0]).stdout
