@@ -32,7 +32,6 @@ import glob
 import importlib.util
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -41,7 +40,9 @@ import time
 
 import pytest
 
+import sanitized_ext
 from csrc_layers import layers
+from sanitized_ext import SANITIZER_MARKERS, find_cc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
@@ -71,13 +72,6 @@ SAN_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
 }
-SANITIZER_MARKERS = (
-    "ERROR: AddressSanitizer",
-    "ERROR: LeakSanitizer",
-    "WARNING: AddressSanitizer",
-    "runtime error:",
-    "SUMMARY: UndefinedBehaviorSanitizer",
-)
 CLOSING_LINE = re.compile(r"^(\d+) passed, (\d+) failed$", re.M)
 RUN_TIMEOUT = 900
 BACKENDS = ("sim", "cuda")
@@ -161,22 +155,6 @@ _fcb_spec = importlib.util.spec_from_file_location(
     "gpumem_tests_fakecuda_build", os.path.join(ROOT, "tests", "fakecuda", "build.py"))
 fakecuda_build = importlib.util.module_from_spec(_fcb_spec)
 _fcb_spec.loader.exec_module(fakecuda_build)
-_teb_spec = importlib.util.spec_from_file_location(
-    "gpumem_tests_ext_build", os.path.join(ROOT, "tests", "ext", "build.py"))
-testext_build = importlib.util.module_from_spec(_teb_spec)
-_teb_spec.loader.exec_module(testext_build)
-
-
-def find_cc():
-    """The C compiler as an argv prefix: $CC (which may carry flags), else cc, gcc or clang."""
-    env_cc = os.environ.get("CC", "").strip()
-    candidates = [shlex.split(env_cc)] if env_cc else []
-    candidates += [["cc"], ["gcc"], ["clang"]]
-    for argv in candidates:
-        path = shutil.which(argv[0])
-        if path:
-            return [path] + argv[1:]
-    return None
 
 
 CC = find_cc()
@@ -416,48 +394,15 @@ def _have_python_sources():
 @needs_cc
 @pytest.mark.slow
 @pytest.mark.skipif(not _have_python_sources(), reason="csrc/python has no sources yet")
-def test_extension_under_asan(tmp_path):
+def test_extension_under_asan(tmp_path_factory):
     try:
         import setuptools  # noqa: F401
     except ImportError:
         pytest.skip("setuptools is not installed in this interpreter")
-    lib = tmp_path / "lib"
-    env = dict(os.environ, GM_SANITIZE="1")
-    env.pop("GM_DEBUG", None)
-    p = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(lib),
-         "--build-temp", str(tmp_path / "tmp")],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    assert p.returncode == 0, "sanitized extension build failed:\n%s%s" % (p.stdout, p.stderr[-6000:])
-    sos = glob.glob(str(lib / "gpumem" / "_C*.so"))
-    assert sos, "no gpumem/_C*.so under %s" % lib
-    # The package's Python files next to the sanitized module, so that
-    # `import gpumem._C` finds this build and nothing else.
-    for py in glob.glob(os.path.join(ROOT, "gpumem", "*.py")):
-        shutil.copy(py, str(lib / "gpumem"))
-    init = lib / "gpumem" / "__init__.py"
-    if not init.exists():
-        init.write_text("")
-    # The test-only extension, with the same sanitizers, by the same compiler.
-    testext_so = testext_build.build(tmp_path / "testext", testext_build.SANITIZE, cc=CC)
-    libasan = subprocess.run(CC + ["-print-file-name=libasan.so"], capture_output=True,
-                             text=True).stdout.strip()
-    assert os.path.isabs(libasan) and os.path.exists(libasan), (
-        "the compiler does not know where libasan.so is: %r" % libasan)
-    run_env = dict(os.environ)
-    run_env.pop("PYTHONPATH", None)
-    run_env.update(
-        GM_TESTEXT_SO=str(testext_so),
-        LD_PRELOAD=libasan,
-        ASAN_OPTIONS="detect_leaks=0",
-        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
-    )
+    lib, run_env = sanitized_ext.built(tmp_path_factory)
     p = subprocess.run([sys.executable, "-c", SMOKE], cwd=str(lib), capture_output=True,
                        text=True, env=run_env, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
     out = p.stdout + p.stderr
-    for marker in SANITIZER_MARKERS:
-        assert marker not in out, "sanitizer report in the extension smoke run:\n%s" % out[-8000:]
+    sanitized_ext.assert_clean(out, "the extension smoke run")
     assert p.returncode == 0 and "TESTEXT OK" in p.stdout and "SMOKE OK" in p.stdout, (
         "extension smoke run failed (%d):\n%s" % (p.returncode, out[-8000:]))
