@@ -1,10 +1,12 @@
 """Compile and run the C tests of the allocator core (tests/c).
 
-Three builds, each into tests/c/build/<build>/ (git-ignored):
+Four builds, each into tests/c/build/<build>/ (git-ignored):
   normal    -O2 -DGM_DEBUG=1
   sanitize  ASan + UBSan (-O1 -g), leak detection on, UBSan fatal
   debug3    -O2 -DGM_DEBUG=3 (the core checks itself after every operation)
-Each build runs the unit tests and the stress test in several modes, on two
+  tsan      ThreadSanitizer (-O1 -g; it cannot be combined with ASan): only
+            the threaded unit tests (TSAN_TESTS), on both backends
+The first three run the unit tests and the stress test in several modes, on two
 backends (tests/c/testdev.h):
   sim   the simulated device (csrc/device/sim.c)
   cuda  the CUDA driver backend (csrc/device/cuda_backend.c) over the fake
@@ -63,11 +65,18 @@ SANITIZE = [
     "-fno-sanitize-recover=undefined",
     "-fno-omit-frame-pointer",
 ]
+TSAN = ["-fsanitize=thread", "-fno-omit-frame-pointer"]
 BUILDS = {
     "normal": {"cflags": ["-O2", "-DGM_DEBUG=1"], "ldflags": []},
     "sanitize": {"cflags": SANITIZE + ["-O1", "-g", "-DGM_DEBUG=1"], "ldflags": SANITIZE},
     "debug3": {"cflags": ["-O2", "-DGM_DEBUG=3"], "ldflags": []},
+    "tsan": {"cflags": TSAN + ["-O1", "-g", "-DGM_DEBUG=1"], "ldflags": TSAN},
 }
+#: The builds that run the whole unit and stress matrix.
+MATRIX_BUILDS = ("normal", "sanitize", "debug3")
+#: The unit tests with threads, which the tsan build runs (a name substring).
+TSAN_TESTS = "threads"
+TSAN_ENV = {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}
 SAN_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
@@ -229,7 +238,7 @@ def build_fake(name):
     """The fake libcuda.so.1 for one build (the sanitize build's with the same
     sanitizer flags, so ASan sees the driver's memory too)."""
     if name not in _fakes:
-        flags = SANITIZE if name == "sanitize" else []
+        flags = {"sanitize": SANITIZE, "tsan": TSAN}.get(name, [])
         _fakes[name] = str(fakecuda_build.build_fakecuda(
             os.path.join(BUILD_ROOT, "fakecuda-" + name), flags))
     return _fakes[name]
@@ -250,6 +259,8 @@ def run_checked(build_name, argv, min_passed=1, env=None):
     env = dict(os.environ if env is None else env)
     if build_name == "sanitize":
         env.update(SAN_ENV)
+    elif build_name == "tsan":
+        env.update(TSAN_ENV)
     start = time.monotonic()
     p = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env,
                        stdin=subprocess.DEVNULL)
@@ -288,7 +299,7 @@ def _speed(fast):
 @pytest.mark.parametrize(
     "build_name,backend,mode",
     [pytest.param(b, be, m, id="%s-%s-%s" % (b, be, m), marks=_speed((b, be, m) in FAST_UNIT))
-     for b in BUILDS for be in BACKENDS for m in MODES],
+     for b in MATRIX_BUILDS for be in BACKENDS for m in MODES],
 )
 def test_c_unit(build_name, backend, mode):
     bins = build(build_name)
@@ -310,15 +321,29 @@ def test_c_unit(build_name, backend, mode):
     "build_name,backend,args,min_passed",
     [pytest.param(b, "sim", args, n, id="%s-%s" % (b, rid),
                   marks=_speed("%s-%s" % (b, rid) in FAST_STRESS))
-     for b in BUILDS for rid, args, n in STRESS_RUNS[b]]
+     for b in MATRIX_BUILDS for rid, args, n in STRESS_RUNS[b]]
     + [pytest.param(b, "cuda", args, n, id="%s-cuda-%s" % (b, rid), marks=pytest.mark.slow)
-       for b in BUILDS for rid, args, n in STRESS_RUNS_CUDA[b]],
+       for b in MATRIX_BUILDS for rid, args, n in STRESS_RUNS_CUDA[b]],
 )
 def test_c_stress(build_name, backend, args, min_passed):
     bins = build(build_name)
     out = run_checked(build_name, [bins["stress"], "--backend=" + backend] + args,
                       min_passed=min_passed, env=backend_env(build_name, backend))
     assert "stress: backend=%s " % backend in out
+
+
+@needs_cc
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_c_threads_under_tsan(backend):
+    """The core's threaded unit tests (workers on their own streams, a
+    checker walking the invariants meanwhile, empty_cache from one of them)
+    under ThreadSanitizer: any data race or lock-order inversion it reports
+    fails the run (halt_on_error)."""
+    bins = build("tsan")
+    argv = [bins["unit"], "--backend=" + backend, TSAN_TESTS]
+    out = run_checked("tsan", argv, min_passed=2, env=backend_env("tsan", backend))
+    assert "ok   threads_random_malloc_free_expandable" in out, out[-2000:]
 
 
 # ---- the extension under AddressSanitizer ----
