@@ -23,13 +23,14 @@ import atexit
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
 from typing import Any, Callable, Optional
 
 from gpumem import history
-from gpumem._conf import ConfError
+from gpumem._conf import ConfError, parse_uint
 from gpumem._rank import rank_path
 
 __all__ = ["MAX_OOM_SNAPSHOTS", "ENV_OOM_SNAPSHOT", "ENV_RECORDING", "ENV_OOM_RECORDING",
@@ -204,7 +205,8 @@ def parse_oom_recording(text: Optional[str]) -> dict:
 
     Entries are key:value, separated by ','; spaces are ignored. Keys:
     context (none, state, alloc or all), stacks (python or all) and
-    max_entries (a positive integer). Raises ConfError naming what is wrong.
+    max_entries (a positive integer in ASCII digits). Raises ConfError naming
+    what is wrong.
     """
     out = dict(ENV_RECORDING)
     example = "for example context:all,stacks:python,max_entries:100000"
@@ -217,17 +219,21 @@ def parse_oom_recording(text: Optional[str]) -> dict:
             out["context"] = context
         elif key == "stacks" and value in history.STACKS:
             out["stacks"] = value
-        elif key == "max_entries" and value.isdigit() and int(value) > 0:
-            out["max_entries"] = int(value)
+        elif key == "max_entries" and (parse_uint(value, sys.maxsize) or 0) > 0:
+            out["max_entries"] = parse_uint(value, sys.maxsize)
         elif key in ("context", "stacks", "max_entries"):
             accepted = {"context": "none, state, alloc or all", "stacks": "python or all",
                         "max_entries": "a positive integer"}[key]
-            raise ConfError(f"{ENV_OOM_RECORDING}: bad value {value!r} for {key} "
+            raise ConfError(f"{ENV_OOM_RECORDING}: bad value {_short(value)!r} for {key} "
                             f"(accepted: {accepted}); {example}")
         else:
-            raise ConfError(f"{ENV_OOM_RECORDING}: unknown entry {entry!r} (keys: context, "
+            raise ConfError(f"{ENV_OOM_RECORDING}: unknown entry {_short(entry)!r} (keys: context, "
                             f"stacks, max_entries); {example}")
     return out
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 def check_env() -> None:
