@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from gpumem import history
 from gpumem._conf import ConfError, parse_uint
@@ -236,10 +236,12 @@ def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
-def check_env() -> None:
-    """With GPUMEM_OOM_SNAPSHOT set, raise ConfError if GPUMEM_OOM_RECORDING is invalid."""
-    if os.environ.get(ENV_OOM_SNAPSHOT, "").strip():
-        parse_oom_recording(os.environ.get(ENV_OOM_RECORDING))
+def check_env(environ: Optional[Mapping[str, str]] = None) -> None:
+    """With GPUMEM_OOM_SNAPSHOT set, raise ConfError if GPUMEM_OOM_RECORDING is
+    invalid (in ``environ``, default os.environ)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(ENV_OOM_SNAPSHOT, "").strip():
+        parse_oom_recording(environ.get(ENV_OOM_RECORDING))
 
 
 def _arm_env() -> None:
