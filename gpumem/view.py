@@ -32,10 +32,10 @@ import bisect
 import json
 import os
 import re
-import tempfile
 from typing import Any
 
 from . import analysis
+from ._atomic import write_atomic
 from .analysis import DeviceModel, StackTable
 
 __all__ = ["build_payload", "render_html", "write_view", "default_output"]
@@ -365,7 +365,7 @@ def write_view(snapshot: str, output: str | None = None, device: int | None = No
     output = output or default_output(snapshot)
     html = render_html(data, f"gpumem: {os.path.basename(snapshot)}")
     try:
-        _write_atomic(output, html.encode("utf-8"))
+        write_atomic(output, lambda f: f.write(html.encode("utf-8")))
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise analysis.AnalysisError(f"cannot write {output} ({reason}); choose another "
@@ -378,20 +378,3 @@ def write_view(snapshot: str, output: str | None = None, device: int | None = No
             "device": payload["device"], "events": tl["n_events"] if tl else 0,
             "bands": len(tl["bands"]) if tl else 0, "folded": folded,
             "samples": len(tl["ev"]) if tl else 0}
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
