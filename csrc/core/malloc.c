@@ -129,7 +129,7 @@ int gm_alloc_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t 
     *out_ptr = 0;
     if (orig_size == 0)
         return GM_OK; /* like torch: a zero-size request gets no memory */
-    if (orig_size > ((size_t)1 << 62))
+    if (orig_size > GM_MAX_REQUEST)
         return GM_EINVAL;
     gm_lock(a);
     int rc = gm_events_process_unlocked(a, ctx);
