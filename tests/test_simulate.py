@@ -132,6 +132,9 @@ def test_usage_errors(capsys):
     assert simulate.main(["--memory", "lots", "--", "python", "x.py"]) == 2
     assert "bad memory size 'lots'" in capsys.readouterr().err
     assert simulate.main(["--max-entries", "0", "--", "python", "x.py"]) == 2
+    for size in ("9" * 5000 + "GiB", "٣GiB"):  # int() would raise, or take Arabic digits
+        assert simulate.main(["--memory", size, "--", "python", "x.py"]) == 2
+        assert "bad memory size" in capsys.readouterr().err
 
 
 def test_module_has_what_cli_needs():
