@@ -44,7 +44,7 @@ import stat
 import tempfile
 from typing import BinaryIO, Callable
 
-__all__ = ["NotARegularFileError", "write_atomic", "TEMP_MARK"]
+__all__ = ["NotARegularFileError", "write_atomic", "kind_of", "TEMP_MARK"]
 
 #: In the name of every temporary file: ".<name>.gpumem-<random>.tmp".
 TEMP_MARK = ".gpumem-"
@@ -55,10 +55,12 @@ class NotARegularFileError(OSError):
     """The path names something gpumem does not replace (not a regular file)."""
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What a file of st_mode ``mode`` is, as words: "a FIFO", "a directory", ..."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symlink loop")):
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symlink loop"),
+                       (stat.S_ISREG, "a regular file")):
         if test(mode):
             return name
     return "a special file"
@@ -72,7 +74,7 @@ def _check_target(path: str) -> os.stat_result | None:
         return None
     if stat.S_ISREG(st.st_mode):
         return st
-    kind = _kind(st.st_mode)
+    kind = kind_of(st.st_mode)
     cls = IsADirectoryError if stat.S_ISDIR(st.st_mode) else NotARegularFileError
     raise cls(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EEXIST,
               f"{kind} is there, not a regular file; gpumem replaces only regular files", path)

@@ -10,6 +10,31 @@ Every failure is reported as a ``SnapshotError`` (a ``ValueError``) carrying
 one sentence that names the file, says what was wrong and how to fix it.
 The loader also normalises the legacy shapes (a bare list of segments, the
 ``traces`` key) and checks the parts of the schema that gpumem relies on.
+
+Note [Hostile snapshots]
+Rationale: summary, diff, view and replay run on files from anywhere; a
+  tiny file must not buy unbounded work.  Pickles share objects through the
+  memo, so ``device_traces = [[entry] * 100000] * 1000`` is 202 KB on disk
+  and 10**8 trace entries to walk, and a store to memo index 2**29 makes the
+  C unpickler allocate 8 GB.  Sharing itself is legitimate (recorders share
+  frame lists), so it cannot be refused as such.
+Approach, in the order the loader works:
+  - only a regular file is read (a FIFO would block, /dev/zero never ends),
+    opened without blocking, and at most Limits.max_bytes (2 GiB) of it;
+  - the opcodes are walked before unpickling (gpumem._pickle_scan): a memo
+    store to an index beyond the stores made so far is refused;
+  - the records the commands walk are counted, each reference to a shared
+    list counted again, from list lengths (no walk): segments, blocks,
+    trace entries and external annotations.  A recorder writes each of them
+    as a dict of its own, at least 8 bytes of pickle each, so a file holding
+    more than one per 8 bytes (and more than 250,000) repeats objects to
+    look large and is refused; Limits.max_records (--max-records) overrides
+    the limit for a file that is genuine;
+  - the fields gpumem reads are checked once per distinct object (an
+    id-keyed cache: a dict shared a thousand times is checked once); the
+    integers must fit in 64 bits as every allocator writes them.
+Limitations: within the limits, work is proportional to the records, as
+  for a genuine file of that size (a few microseconds each).
 """
 
 from __future__ import annotations
@@ -17,10 +42,46 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import stat
 import struct
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SnapshotError", "load_snapshot", "loads_snapshot", "normalize_snapshot"]
+from gpumem._atomic import kind_of
+from gpumem._pickle_scan import memo_bomb
+
+__all__ = ["SnapshotError", "Limits", "load_snapshot", "loads_snapshot", "normalize_snapshot",
+           "records_limit", "short_int", "MAX_BYTES", "RECORD_BYTES", "MIN_RECORDS"]
+
+#: Files larger than this are refused before they are read (Limits.max_bytes).
+MAX_BYTES = 2 << 30
+#: The fewest pickle bytes a recorder spends on one segment, block or trace entry.
+RECORD_BYTES = 8
+#: The records limit is never below this, however small the file.
+MIN_RECORDS = 250_000
+_U64 = 1 << 64
+
+
+def records_limit(file_bytes: int) -> int:
+    """The most records (segments, blocks, trace entries, annotations) a file
+    of ``file_bytes`` may hold: what a recorder can write into it."""
+    return max(MIN_RECORDS, file_bytes // RECORD_BYTES)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much a snapshot may make the loader do (Note [Hostile snapshots]).
+
+    max_bytes: the largest file read.  max_records: the most segments,
+    blocks, trace entries and annotations (each reference to a shared list
+    counted); None means records_limit(the file's size).
+    """
+
+    max_bytes: int = MAX_BYTES
+    max_records: int | None = None
+
+    def records(self, file_bytes: int) -> int:
+        return records_limit(file_bytes) if self.max_records is None else self.max_records
 
 _PROTO = 0x80  # first byte of every pickle written with protocol 2 or later
 _DUMP_HINT = "pass a file written by torch.cuda.memory._dump_snapshot"
@@ -63,8 +124,22 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 
 
 def _short_repr(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    """repr of a str, bytes or small number; the type otherwise (a shared
+    nested list can have a repr of 10**9 characters)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return short_int(value)
+    text = repr(value) if isinstance(value, (str, bytes, float, bool)) or value is None \
+        else f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short_int(value: int) -> str:
+    """An integer for a message: in full up to 24 digits, else its length
+    (str() of one over 4300 digits raises)."""
+    if abs(value).bit_length() <= 79:
+        return str(value)
+    digits = int(abs(value).bit_length() * 0.30103) + 1
+    return f"{'-' if value < 0 else ''}(an integer of about {digits} digits)"
 
 
 # Everything the pickle machinery may raise on corrupt or hostile input.
@@ -86,16 +161,54 @@ _CORRUPT_ERRORS = (
 )
 
 
-def load_snapshot(path: str | os.PathLike[str]) -> dict:
+def load_snapshot(path: str | os.PathLike[str], limits: Limits | None = None) -> dict:
     """Read the snapshot pickle at ``path`` and return the normalised dict.
 
     Raises SnapshotError (with one sentence naming ``path``) for a missing,
-    unreadable, corrupt, unsafe or wrongly shaped file.
+    unreadable, corrupt, unsafe or wrongly shaped file, for anything but a
+    regular file, and past ``limits`` (Note [Hostile snapshots]).
     """
+    limits = limits or Limits()
     name = os.fspath(path)
+    return loads_snapshot(_read(name, limits.max_bytes), name=name, limits=limits)
+
+
+def _refuse_kind(name: str, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise SnapshotError(
+            f"{name} is a directory, not a snapshot file; pass the .pickle file itself")
+    if not stat.S_ISREG(mode):
+        raise SnapshotError(
+            f"{name} is {kind_of(mode)}, not a regular file; gpumem reads snapshots only from "
+            f"regular files (copy the data into one)")
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def _read(name: str, max_bytes: int) -> bytes:
+    """The bytes of a regular file, at most max_bytes of them."""
+    too_big = (f"{name} is larger than {max_bytes} bytes, the most gpumem reads; if it is "
+               f"a genuine snapshot, raise the limit with --max-bytes")
     try:
-        with open(name, "rb") as f:
-            data = f.read()
+        _refuse_kind(name, os.stat(name).st_mode)  # before open(): a FIFO would block it
+        with open(name, "rb", buffering=0, opener=_open_nonblocking) as f:
+            st = os.fstat(f.fileno())
+            _refuse_kind(name, st.st_mode)  # it may have been replaced meanwhile
+            if st.st_size > max_bytes:
+                raise SnapshotError(too_big)
+            data = f.read(st.st_size + 1)
+            if len(data) <= st.st_size:
+                return data
+            chunks, total = [data], len(data)  # longer than it said (/proc, or growing)
+            while total <= max_bytes:
+                chunk = f.read(min(1 << 20, max_bytes + 1 - total))
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+                total += len(chunk)
+            raise SnapshotError(too_big)
     except FileNotFoundError:
         raise SnapshotError(f"{name}: file not found") from None
     except IsADirectoryError:
@@ -109,12 +222,14 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict:
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise SnapshotError(f"{name} could not be read ({reason})") from None
-    except ValueError:  # e.g. an embedded NUL byte
+    except ValueError as e:  # e.g. an embedded NUL byte
+        if isinstance(e, SnapshotError):
+            raise
         raise SnapshotError(f"{name!r} is not a valid file name") from None
-    return loads_snapshot(data, name=name)
 
 
-def loads_snapshot(data: bytes | bytearray | memoryview, name: str = "snapshot data") -> dict:
+def loads_snapshot(data: bytes | bytearray | memoryview, name: str = "snapshot data",
+                   limits: Limits | None = None) -> dict:
     """Like load_snapshot, for the bytes of a snapshot pickle.
 
     ``name`` is used in error messages in place of a file name.
@@ -134,6 +249,13 @@ def loads_snapshot(data: bytes | bytearray | memoryview, name: str = "snapshot d
             f"{name} uses pickle protocol {data[1]}, which this Python cannot read "
             f"(it reads protocols 2 to {pickle.HIGHEST_PROTOCOL}); {_DUMP_HINT}"
         )
+    bomb = memo_bomb(data)
+    if bomb is not None:
+        at, index, stores = bomb
+        raise SnapshotError(
+            f"{name} is corrupt: at byte {at} it stores to memo entry {short_int(index)} after "
+            f"only {stores} stores (no pickler numbers them so; unpickling it would allocate "
+            f"memory for every entry in between); re-dump the snapshot")
     try:
         obj = _DataOnlyUnpickler(_Reader(data)).load()
     except _RefusedGlobal as e:
@@ -162,7 +284,7 @@ def loads_snapshot(data: bytes | bytearray | memoryview, name: str = "snapshot d
         raise SnapshotError(
             f"{name} is not a valid pickle ({_describe(e)}); re-dump the snapshot"
         ) from None
-    return normalize_snapshot(obj, name)
+    return normalize_snapshot(obj, name, limits=limits or Limits(), file_bytes=len(data))
 
 
 def _is_truncation(e: BaseException) -> bool:
@@ -189,13 +311,17 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def normalize_snapshot(obj: Any, name: str = "snapshot") -> dict:
+def normalize_snapshot(obj: Any, name: str = "snapshot", limits: Limits | None = None,
+                       file_bytes: int = 0) -> dict:
     """Return ``obj`` as a snapshot dict with 'segments' and 'device_traces'.
 
     A bare list (``torch.cuda.memory_snapshot()``) becomes
     ``{'segments': obj, 'device_traces': []}``; the legacy key 'traces' is
-    read as 'device_traces'.  Other keys are kept.  The parts gpumem uses are
-    checked and a SnapshotError names the first thing that is wrong.
+    read as 'device_traces'.  Other keys are kept.  With ``limits`` (the
+    loader always passes them), the records are counted against them for a
+    file of ``file_bytes`` bytes; a dict built in memory has no records
+    limit.  Then the parts gpumem uses are checked and a SnapshotError names
+    the first thing that is wrong (Note [Hostile snapshots]).
     """
     if isinstance(obj, list):
         snap: dict = {"segments": obj, "device_traces": []}
@@ -215,9 +341,48 @@ def normalize_snapshot(obj: Any, name: str = "snapshot") -> dict:
             f"{name} holds a {_type_name(obj)}, not a snapshot dict or list of segments; "
             f"{_DUMP_HINT}"
         )
+    if limits is not None:
+        _check_records(snap, name, limits, file_bytes)
     _check_segments(snap["segments"], name)
     _check_traces(snap["device_traces"], name)
     return snap
+
+
+def _check_records(snap: dict, name: str, limits: Limits, file_bytes: int) -> None:
+    limit = limits.records(file_bytes)
+    if _count_records(snap, limit) <= limit:
+        return
+    what = (f"more than {limit:,} segments, blocks and trace entries (counting each reference "
+            f"to a shared list)")
+    if limits.max_records is not None:
+        raise SnapshotError(f"{name} holds {what}, the limit set by --max-records")
+    raise SnapshotError(
+        f"{name} holds {what}, more than a recorder writes into {file_bytes:,} bytes (one per "
+        f"{RECORD_BYTES} bytes, at least {MIN_RECORDS:,}): its lists repeat the same objects; "
+        f"if the file is genuine, raise the limit with --max-records")
+
+
+def _count_records(snap: dict, limit: int) -> int:
+    """Segments, blocks, trace entries and annotations, from list lengths;
+    stops counting once past ``limit``."""
+    n = 0
+    ann = snap.get("external_annotations")
+    if isinstance(ann, list):
+        n += len(ann)
+    traces = snap["device_traces"]
+    if isinstance(traces, list):
+        for trace in traces:
+            n += len(trace) if isinstance(trace, list) else 1
+            if n > limit:
+                return n
+    segments = snap["segments"]
+    if isinstance(segments, list):
+        for seg in segments:
+            blocks = seg.get("blocks") if isinstance(seg, dict) else None
+            n += 1 + (len(blocks) if isinstance(blocks, list) else 0)
+            if n > limit:
+                return n
+    return n
 
 
 def _fail(name: str, where: str, what: str) -> None:
@@ -226,6 +391,8 @@ def _fail(name: str, where: str, what: str) -> None:
 
 def _check_int_field(d: dict, key: str, name: str, where: str, required: bool = True,
                      signed: bool = False) -> None:
+    """d[key] is an int that fits in 64 bits, as every allocator writes it
+    (unsigned, or for a signed field from -2**63)."""
     if key not in d:
         if required:
             _fail(name, where, f"has no '{key}'")
@@ -234,13 +401,19 @@ def _check_int_field(d: dict, key: str, name: str, where: str, required: bool = 
     if not _is_int(value):
         _fail(name, where, f"has '{key}' of type {_type_name(value)}, expected an int")
     if not signed and value < 0:
-        _fail(name, where, f"has a negative '{key}' ({value})")
+        _fail(name, where, f"has a negative '{key}' ({short_int(value)})")
+    if not (-(1 << 63) if signed else 0) <= value < _U64:
+        _fail(name, where, f"has '{key}' = {short_int(value)}, which does not fit in 64 bits; "
+                           f"the file is corrupt, re-dump the snapshot")
 
 
 def _check_segments(segments: Any, name: str) -> None:
     if not isinstance(segments, list):
         _fail(name, "'segments'", f"is a {_type_name(segments)}, expected a list of dicts")
+    seen: set[int] = set()  # ids of segments, block lists and blocks already checked
     for i, seg in enumerate(segments):
+        if id(seg) in seen:
+            continue
         where = f"segments[{i}]"
         if not isinstance(seg, dict):
             _fail(name, where, f"is a {_type_name(seg)}, expected a dict")
@@ -250,24 +423,35 @@ def _check_segments(segments: Any, name: str) -> None:
         blocks = seg.get("blocks", [])
         if not isinstance(blocks, list):
             _fail(name, f"{where}['blocks']", f"is a {_type_name(blocks)}, expected a list")
-        for j, block in enumerate(blocks):
-            bwhere = f"{where}['blocks'][{j}]"
-            if not isinstance(block, dict):
-                _fail(name, bwhere, f"is a {_type_name(block)}, expected a dict")
-            _check_int_field(block, "size", name, bwhere)
-            _check_int_field(block, "requested_size", name, bwhere, required=False)
-            state = block.get("state")
-            if not isinstance(state, str):
-                _fail(name, bwhere, "has no 'state' string")
+        if id(blocks) not in seen:
+            for j, block in enumerate(blocks):
+                if id(block) in seen:
+                    continue
+                bwhere = f"{where}['blocks'][{j}]"
+                if not isinstance(block, dict):
+                    _fail(name, bwhere, f"is a {_type_name(block)}, expected a dict")
+                _check_int_field(block, "size", name, bwhere)
+                _check_int_field(block, "requested_size", name, bwhere, required=False)
+                state = block.get("state")
+                if not isinstance(state, str):
+                    _fail(name, bwhere, "has no 'state' string")
+                seen.add(id(block))
+            seen.add(id(blocks))
+        seen.add(id(seg))
 
 
 def _check_traces(traces: Any, name: str) -> None:
     if not isinstance(traces, list):
         _fail(name, "'device_traces'", f"is a {_type_name(traces)}, expected a list of lists")
+    seen: set[int] = set()  # ids of traces and entries already checked
     for d, trace in enumerate(traces):
         if not isinstance(trace, list):
             _fail(name, f"device_traces[{d}]", f"is a {_type_name(trace)}, expected a list")
+        if id(trace) in seen:
+            continue
         for i, entry in enumerate(trace):
+            if id(entry) in seen:
+                continue
             where = f"device_traces[{d}][{i}]"
             if not isinstance(entry, dict):
                 _fail(name, where, f"is a {_type_name(entry)}, expected a dict")
@@ -277,8 +461,8 @@ def _check_traces(traces: Any, name: str) -> None:
                     _fail(name, where, "has no 'action'")
                 _fail(name, where, f"has 'action' of type {_type_name(action)}, expected a str")
             _check_int_field(entry, "size", name, where)
-            if action == "oom":
-                _check_int_field(entry, "device_free", name, where)
-            else:
-                _check_int_field(entry, "addr", name, where)
+            _check_int_field(entry, "device_free", name, where, required=action == "oom")
+            _check_int_field(entry, "addr", name, where, required=action != "oom")
             _check_int_field(entry, "stream", name, where, required=False, signed=True)
+            seen.add(id(entry))
+        seen.add(id(trace))

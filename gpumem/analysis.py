@@ -30,10 +30,12 @@ then 'snapshot' trace entries (one is written each time a snapshot is taken
 while recording).  'annotate' entries name one allocation, not a step, and are
 not markers.
 
-check_snapshot() adds one rule to the loader's: the integer fields the loader
-checks must fit in 64 bits, as every allocator writes them; anything else
-is corrupt.  Every other oddity (missing or wrongly typed optional fields) is
-tolerated, so any snapshot the loader accepts can be analysed.
+The loader (gpumem._unpickle) checks what is read here without a guard:
+the required fields, integers that fit in 64 bits, and the size limits of
+Note [Hostile snapshots].  Every other oddity (missing, wrongly typed or
+absurd optional fields) is tolerated, so any snapshot the loader accepts can
+be analysed; a value shown in a report that is not a string or a number is
+shown by its type (a shared nested list has an enormous repr).
 """
 
 from __future__ import annotations
@@ -44,11 +46,11 @@ import re
 import sysconfig
 from typing import Any, Iterable
 
-from ._unpickle import SnapshotError
+from ._unpickle import SnapshotError, short_int
 
 __all__ = [
-    "AnalysisError", "StackTable", "load_checked", "DeviceModel", "check_snapshot", "devices_of",
-    "pick_device", "build_device", "end_blocks", "live_by_site", "summarize", "diff",
+    "AnalysisError", "StackTable", "DeviceModel", "devices_of", "pick_device", "build_device",
+    "end_blocks", "live_by_site", "summarize", "diff",
 ]
 
 U64 = 1 << 64
@@ -63,46 +65,7 @@ class AnalysisError(SnapshotError):
     """A request the snapshot cannot answer (for example a device it does not have)."""
 
 
-# ------------------------------------------------------------------ validation
-
-def load_checked(path: str) -> dict:
-    """load_snapshot(path), then check_snapshot: raises SnapshotError with one line."""
-    from ._unpickle import load_snapshot
-    return check_snapshot(load_snapshot(path), str(path))
-
-
-def _int_ok(value: Any, signed: bool) -> bool:
-    if not isinstance(value, int) or isinstance(value, bool):
-        return True  # absent or wrong types are the loader's business
-    return (-(1 << 63) if signed else 0) <= value < U64
-
-
-def check_snapshot(snap: dict, name: str) -> dict:
-    """Reject integer fields that no allocator can write (outside 64 bits)."""
-    def bad(where: str, key: str, value: int) -> None:
-        raise SnapshotError(f"{name}: {where} has '{key}' = {_short_int(value)}, which does not "
-                            f"fit in 64 bits; the file is corrupt, re-dump the snapshot")
-
-    for i, seg in enumerate(snap["segments"]):
-        for key in ("device", "address", "total_size", "stream"):
-            if not _int_ok(seg.get(key), key == "stream"):
-                bad(f"segments[{i}]", key, seg[key])
-        for j, block in enumerate(seg.get("blocks", [])):
-            for key in ("size", "requested_size"):
-                if not _int_ok(block.get(key), False):
-                    bad(f"segments[{i}]['blocks'][{j}]", key, block[key])
-    for d, trace in enumerate(snap["device_traces"]):
-        for i, e in enumerate(trace):
-            for key in ("addr", "size", "device_free", "stream"):
-                if not _int_ok(e.get(key), key == "stream"):
-                    bad(f"device_traces[{d}][{i}]", key, e[key])
-    return snap
-
-
-def _short_int(value: int) -> str:
-    text = str(value)
-    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
-
+# ------------------------------------------------------------------ values
 
 def _opt_int(value: Any, default: int | None = None) -> int | None:
     """An optional integer field, or default when absent, mistyped or absurd."""
@@ -112,15 +75,19 @@ def _opt_int(value: Any, default: int | None = None) -> int | None:
 
 
 def _text(value: Any, limit: int = 400) -> str:
+    """A field for display: a str as it is, a number or bool by its repr,
+    anything else by its type (never repr() of a container: shared nested
+    lists make it endless)."""
     if isinstance(value, str):
         text = value
     elif value is None:
         text = ""
+    elif isinstance(value, int):
+        text = short_int(value)
+    elif isinstance(value, float):
+        text = repr(value)
     else:
-        try:
-            text = repr(value)
-        except Exception:  # noqa: BLE001 - hostile __repr__ cannot exist in plain data
-            text = type(value).__name__
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -209,6 +176,7 @@ class StackTable:
         self.stack_site: list[int] = []
         self.sites: list[dict] = []
         self._site_ids: dict[tuple, int] = {}
+        self._library: dict[str, bool] = {}
         self.stack_site.append(self._site(("none",), self.NO_STACK, "none", None))
 
     def intern(self, frames: Any) -> int:
@@ -237,6 +205,13 @@ class StackTable:
         self._keep.append(frames)  # ids stay valid while the table lives
         return sid
 
+    def _is_library(self, filename: str) -> bool:
+        """is_library_file, once per file name (a stack may repeat one a million times)."""
+        known = self._library.get(filename)
+        if known is None:
+            known = self._library[filename] = is_library_file(filename)
+        return known
+
     def site_of_stack(self, sid: int) -> dict:
         return self.sites[self.stack_site[sid]]
 
@@ -255,7 +230,7 @@ class StackTable:
         if not fields:
             return 0
         python = [f for f in fields if is_python_frame(f[0])]
-        code = [f for f in python if not is_library_file(f[0])]
+        code = [f for f in python if not self._is_library(f[0])]
         if code:
             lib = code[0]  # innermost frame outside torch/gpumem/stdlib (may be a package)
             own = next((f for f in code if not _PKG_RE.search(_norm_path(f[0]))), None)
@@ -275,17 +250,23 @@ class StackTable:
         return self._site(("stack",) + fields, "[C++] " + " ".join(parts), "c++", None)
 
     def stack_lines(self, sid: int, limit: int = 60) -> list[str]:
-        """The stack innermost first, capture machinery hidden, repeats collapsed."""
+        """The stack innermost first, capture machinery hidden, repeats collapsed.
+
+        At most ``limit`` lines are made from at most max(1000, 20 * limit)
+        frames, then "... N more frames" counts the frames not looked at, so
+        a stack of a million frames costs what a short one does."""
         out: list[str] = []
-        for f in self.stacks[sid]:
+        frames = self.stacks[sid]
+        scan = max(1000, 20 * limit)
+        for k, f in enumerate(frames):
+            if len(out) == limit or k == scan:
+                out.append(f"... {len(frames) - k} more frames")
+                break
             if is_noise_frame(f[0], f[2]):
                 continue
             text = format_frame(f)
-            if out and out[-1] == text:
-                continue
-            out.append(text)
-        if len(out) > limit:
-            out = out[:limit] + [f"... {len(out) - limit} more frames"]
+            if not out or out[-1] != text:
+                out.append(text)
         return out
 
 

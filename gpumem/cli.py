@@ -17,11 +17,12 @@ import os
 import sys
 from typing import Any, Callable
 
-from ._conf import ConfError
+from ._conf import ConfError, parse_uint
 from ._format import format_bytes
 from . import _shim_build
 from . import simulate as _simulate
-from ._unpickle import SnapshotError
+from .sim import SimError, parse_size
+from ._unpickle import MAX_BYTES, MIN_RECORDS, RECORD_BYTES, Limits, SnapshotError, load_snapshot
 
 __all__ = ["main", "COMMANDS", "format_bytes"]
 
@@ -44,6 +45,44 @@ def _print_error(message: str) -> None:
 
 # ------------------------------------------------------------------ replay
 
+def _records_arg(text: str) -> int:
+    value = parse_uint(text.strip(), 1 << 62)
+    if not value:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text[:40]!r}")
+    return value
+
+
+def _bytes_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except SimError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 4GiB or 1048576, not "
+                                         f"{text[:40]!r}") from None
+
+
+LIMITS_HELP = (
+    "Input files: only regular files are read (a FIFO, a device or a socket is refused), "
+    f"at most --max-bytes of them (default {MAX_BYTES >> 30} GiB). A recorder writes every "
+    f"segment, block and trace entry as a dict of its own, at least {RECORD_BYTES} bytes of "
+    "pickle each, so a file whose segments, blocks and trace entries (each reference to a "
+    f"shared list counted) number more than one per {RECORD_BYTES} bytes (and more than "
+    f"{MIN_RECORDS:,}) repeats objects to look large and is refused; --max-records N sets "
+    "that limit instead. Refusals are one line and exit status 2.")
+
+
+def _add_limit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-bytes", type=_bytes_arg, default=MAX_BYTES, metavar="SIZE",
+                   help=f"the largest snapshot file read (default {MAX_BYTES >> 30}GiB)")
+    p.add_argument("--max-records", type=_records_arg, metavar="N",
+                   help=f"the most segments, blocks and trace entries a snapshot may hold "
+                        f"(default: one per {RECORD_BYTES} bytes of the file, at least "
+                        f"{MIN_RECORDS})")
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(max_bytes=args.max_bytes, max_records=args.max_records)
+
+
 def _add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("snapshot", metavar="SNAPSHOT.pickle",
                    help="a snapshot written by torch.cuda.memory._dump_snapshot")
@@ -51,6 +90,7 @@ def _add_replay_args(p: argparse.ArgumentParser) -> None:
                    help="allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, for example "
                         "'expandable_segments:True,max_split_size_mb:128'")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_limit_args(p)
 
 
 def _fmt_ratio(r: float | None) -> str:
@@ -103,7 +143,7 @@ def _print_replay(report: dict[str, Any]) -> None:
 def _run_replay(args: argparse.Namespace) -> int:
     from .replay import replay_file  # imported when the command runs
 
-    report = replay_file(args.snapshot, args.conf)
+    report = replay_file(args.snapshot, args.conf, limits=_limits(args))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -139,15 +179,18 @@ _SNAP_HELP = "a snapshot written by gpumem.dump_snapshot or torch.cuda.memory._d
 def _add_view_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("snapshot", metavar="SNAPSHOT.pickle", help=_SNAP_HELP)
     p.add_argument("-o", "--output", metavar="OUT.html",
-                   help="where to write the page (default: the snapshot's name with .html)")
+                   help="where to write the page (default: the snapshot's name with .html); "
+                        "written atomically, replacing only a regular file: a symlink's "
+                        "target is written, a directory, FIFO or device is refused")
     p.add_argument("--device", type=_device_arg, metavar="N",
                    help="the device to show (default: the one with the longest trace)")
+    _add_limit_args(p)
 
 
 def _run_view(args: argparse.Namespace) -> int:
     from .view import write_view
 
-    info = write_view(args.snapshot, args.output, device=args.device)
+    info = write_view(args.snapshot, args.output, device=args.device, limits=_limits(args))
     print(f"wrote {info['output']} ({format_bytes(info['html_bytes'])}): device {info['device']}, "
           f"{info['events']} trace events, {info['bands']} allocations drawn individually"
           f"{', ' + info['folded'] if info['folded'] else ''}")
@@ -161,6 +204,7 @@ def _add_summary_args(p: argparse.ArgumentParser) -> None:
                    help="how many allocation sites to list (default 10)")
     p.add_argument("--device", type=_device_arg, metavar="N", help="only this device")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_limit_args(p)
 
 
 def _short_site(label: str) -> str:
@@ -242,9 +286,10 @@ def _signed(n: int) -> str:
 
 
 def _run_summary(args: argparse.Namespace) -> int:
-    from .analysis import load_checked, summarize
+    from .analysis import summarize
 
-    report = summarize(load_checked(args.snapshot), args.snapshot, args.top, args.device)
+    report = summarize(load_snapshot(args.snapshot, _limits(args)), args.snapshot, args.top,
+                       args.device)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -265,6 +310,7 @@ def _add_diff_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=_device_arg, metavar="N",
                    help="only this device (default: all devices together)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_limit_args(p)
 
 
 def _diff_rows(rows: list[dict], lines: list[str]) -> None:
@@ -277,10 +323,10 @@ def _diff_rows(rows: list[dict], lines: list[str]) -> None:
 
 
 def _run_diff(args: argparse.Namespace) -> int:
-    from .analysis import diff, load_checked
+    from .analysis import diff
 
-    before = load_checked(args.before)
-    after = load_checked(args.after)
+    before = load_snapshot(args.before, _limits(args))
+    after = load_snapshot(args.after, _limits(args))
     report = diff(before, after, (args.before, args.after), args.top, args.device)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -326,11 +372,16 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
 }
 
 
+#: The commands that read snapshot files (and so take --max-bytes and --max-records).
+READS_SNAPSHOTS = ("replay", "view", "summary", "diff")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="gpumem: a CUDA caching allocator for PyTorch.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (help_text, add_args, _run) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           epilog=LIMITS_HELP if name in READS_SNAPSHOTS else None)
         add_args(p)
     return parser
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from . import analysis
 from ._atomic import write_atomic
+from ._unpickle import Limits, load_snapshot
 from .analysis import DeviceModel, StackTable
 
 __all__ = ["build_payload", "render_html", "write_view", "default_output"]
@@ -351,9 +352,11 @@ def default_output(snapshot: str) -> str:
     return (root if ext.lower() in (".pickle", ".pkl", ".pck", ".p") else snapshot) + ".html"
 
 
-def write_view(snapshot: str, output: str | None = None, device: int | None = None) -> dict:
-    """Load ``snapshot``, write the page to ``output``; return what was written."""
-    snap = analysis.load_checked(snapshot)
+def write_view(snapshot: str, output: str | None = None, device: int | None = None,
+               limits: Limits | None = None) -> dict:
+    """Load ``snapshot`` (within ``limits``), write the page to ``output``; return what
+    was written."""
+    snap = load_snapshot(snapshot, limits)
     caps = {"samples": MAX_SAMPLES, "bands": MAX_BANDS, "blocks": MAX_BLOCKS,
             "band_budget": BAND_SAMPLE_BUDGET, "stacks": MAX_STACKS}
     while True:
