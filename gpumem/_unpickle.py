@@ -407,62 +407,61 @@ def _check_int_field(d: dict, key: str, name: str, where: str, required: bool = 
                            f"the file is corrupt, re-dump the snapshot")
 
 
+def _unseen(items: list, seen: set[int]):
+    """(index, item) of the items not checked yet, by id (a shared one is
+    checked once), each marked as checked."""
+    for i, item in enumerate(items):
+        if id(item) not in seen:
+            seen.add(id(item))
+            yield i, item
+
+
+def _dict_at(value: Any, name: str, where: str) -> dict:
+    if not isinstance(value, dict):
+        _fail(name, where, f"is a {_type_name(value)}, expected a dict")
+    return value
+
+
 def _check_segments(segments: Any, name: str) -> None:
     if not isinstance(segments, list):
         _fail(name, "'segments'", f"is a {_type_name(segments)}, expected a list of dicts")
-    seen: set[int] = set()  # ids of segments, block lists and blocks already checked
-    for i, seg in enumerate(segments):
-        if id(seg) in seen:
-            continue
+    seen: set[int] = set()  # ids of the segments, block lists and blocks checked
+    for i, seg in _unseen(segments, seen):
         where = f"segments[{i}]"
-        if not isinstance(seg, dict):
-            _fail(name, where, f"is a {_type_name(seg)}, expected a dict")
+        _dict_at(seg, name, where)
         for key in ("device", "address", "total_size"):
             _check_int_field(seg, key, name, where)
         _check_int_field(seg, "stream", name, where, required=False, signed=True)
         blocks = seg.get("blocks", [])
         if not isinstance(blocks, list):
             _fail(name, f"{where}['blocks']", f"is a {_type_name(blocks)}, expected a list")
-        if id(blocks) not in seen:
-            for j, block in enumerate(blocks):
-                if id(block) in seen:
-                    continue
+        for _, blocks in _unseen([blocks], seen):
+            for j, block in _unseen(blocks, seen):
                 bwhere = f"{where}['blocks'][{j}]"
-                if not isinstance(block, dict):
-                    _fail(name, bwhere, f"is a {_type_name(block)}, expected a dict")
+                _dict_at(block, name, bwhere)
                 _check_int_field(block, "size", name, bwhere)
                 _check_int_field(block, "requested_size", name, bwhere, required=False)
-                state = block.get("state")
-                if not isinstance(state, str):
+                if not isinstance(block.get("state"), str):
                     _fail(name, bwhere, "has no 'state' string")
-                seen.add(id(block))
-            seen.add(id(blocks))
-        seen.add(id(seg))
 
 
 def _check_traces(traces: Any, name: str) -> None:
     if not isinstance(traces, list):
         _fail(name, "'device_traces'", f"is a {_type_name(traces)}, expected a list of lists")
-    seen: set[int] = set()  # ids of traces and entries already checked
+    seen: set[int] = set()  # ids of the traces and entries checked
     for d, trace in enumerate(traces):
         if not isinstance(trace, list):
             _fail(name, f"device_traces[{d}]", f"is a {_type_name(trace)}, expected a list")
-        if id(trace) in seen:
-            continue
-        for i, entry in enumerate(trace):
-            if id(entry) in seen:
-                continue
-            where = f"device_traces[{d}][{i}]"
-            if not isinstance(entry, dict):
-                _fail(name, where, f"is a {_type_name(entry)}, expected a dict")
-            action = entry.get("action")
-            if not isinstance(action, str):
-                if "action" not in entry:
-                    _fail(name, where, "has no 'action'")
-                _fail(name, where, f"has 'action' of type {_type_name(action)}, expected a str")
-            _check_int_field(entry, "size", name, where)
-            _check_int_field(entry, "device_free", name, where, required=action == "oom")
-            _check_int_field(entry, "addr", name, where, required=action != "oom")
-            _check_int_field(entry, "stream", name, where, required=False, signed=True)
-            seen.add(id(entry))
-        seen.add(id(trace))
+        for _, trace in _unseen([trace], seen):
+            for i, entry in _unseen(trace, seen):
+                where = f"device_traces[{d}][{i}]"
+                action = _dict_at(entry, name, where).get("action")
+                if not isinstance(action, str):
+                    if "action" not in entry:
+                        _fail(name, where, "has no 'action'")
+                    _fail(name, where,
+                          f"has 'action' of type {_type_name(action)}, expected a str")
+                _check_int_field(entry, "size", name, where)
+                _check_int_field(entry, "device_free", name, where, required=action == "oom")
+                _check_int_field(entry, "addr", name, where, required=action != "oom")
+                _check_int_field(entry, "stream", name, where, required=False, signed=True)
