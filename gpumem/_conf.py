@@ -1,9 +1,9 @@
 """Allocator settings: the PYTORCH_CUDA_ALLOC_CONF syntax, for the keys gpumem supports.
 
     expandable_segments:True|False
-    max_split_size_mb:N                   N > 20 (MiB); stored in bytes
+    max_split_size_mb:N                   20 < N < 2**43 (MiB); stored in bytes
     garbage_collection_threshold:F        0 < F < 1
-    roundup_power2_divisions:N            N a power of two, for every interval
+    roundup_power2_divisions:N            N a power of two up to 2**31, for every interval
     roundup_power2_divisions:[256:1,512:2,1024:4,>:8]
 
 Entries are separated by ','; spaces are ignored, as torch's lexer ignores
@@ -22,6 +22,13 @@ a power of two) sets interval log2(B) (clamped to 0..15); the first entry
 also fills every interval below it; '>' fills every interval after the
 previous entry; intervals not named keep 0.  Unlike torch, which ignores
 keys it does not know, gpumem rejects every key it does not implement.
+
+Numbers must fit what the allocator stores, or they are refused (torch
+clamps or truncates them silently): max_split_size_mb below 2**43 MiB (the
+size in bytes then fits in 63 bits; 8 EiB is more than any device has) and
+division counts up to 2**31 (stored in 32 bits; a count above the request
+size in 512-byte units rounds like no division at all).  Integers are
+written in ASCII digits: other Unicode digits ('²', '٣') are refused.
 """
 
 from __future__ import annotations
@@ -29,13 +36,15 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["ConfError", "parse_conf", "format_conf", "default_conf", "settings_for_snapshot",
-           "conf_from_snapshot_settings", "ROUNDUP_INTERVALS", "ROUNDUP_BOUNDARIES_MB"]
+           "conf_from_snapshot_settings", "parse_uint", "ROUNDUP_INTERVALS",
+           "ROUNDUP_BOUNDARIES_MB", "MAX_SPLIT_MB", "MAX_DIVISIONS"]
 
 MiB = 1 << 20
 ROUNDUP_INTERVALS = 16
 ROUNDUP_BOUNDARIES_MB = tuple(1 << i for i in range(ROUNDUP_INTERVALS))  # 1 .. 32768
 _MIN_SPLIT_MB = 20  # kLargeBuffer / 1 MiB: torch requires max_split_size_mb > 20
-_MAX_SPLIT_MB = ((1 << 64) - 1) // MiB  # torch clamps to SIZE_MAX / 1 MiB
+MAX_SPLIT_MB = (1 << 43) - 1  # the largest max_split_size_mb: its bytes fit in 63 bits
+MAX_DIVISIONS = 1 << 31       # the largest division count: stored in 32 bits
 
 KEYS = ("expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
         "roundup_power2_divisions")
@@ -107,20 +116,35 @@ class _Tokens:
         return tok
 
 
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 def _bad(key: str, value: str, accepted: str) -> ConfError:
     return ConfError(f"allocator setting '{key}' has bad value '{value}'; {accepted}")
 
 
-def _parse_uint(text: str) -> int | None:
-    return int(text) if text.isascii() and text.isdigit() else None
+def parse_uint(text: str, maximum: int) -> int | None:
+    """``text`` as an integer in [0, maximum] if it is written in ASCII
+    digits, else None.  str.isdigit() alone accepts '²' (which int() then
+    refuses), and a string of thousands of digits makes int() raise, so
+    neither reaches int()."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(maximum)):
+        return None
+    value = int(digits)
+    return value if value <= maximum else None
 
 
 _ES_FORM = "expandable_segments:True or expandable_segments:False"
-_MS_FORM = f"max_split_size_mb:N with N an integer number of MiB above {_MIN_SPLIT_MB}"
+_MS_FORM = (f"max_split_size_mb:N with N an integer number of MiB above {_MIN_SPLIT_MB} and "
+            f"below 2**43")
 _GC_FORM = "garbage_collection_threshold:F with 0 < F < 1"
-_RP_FORM = ("roundup_power2_divisions:N with N a power of two, or a list such as "
+_RP_FORM = ("roundup_power2_divisions:N with N a power of two up to 2**31, or a list such as "
             "roundup_power2_divisions:[256:1,512:2,>:8] whose keys are power-of-two MiB "
-            "sizes (or '>') and whose values are powers of two or 0")
+            "sizes (or '>') and whose values are powers of two up to 2**31, or 0")
 
 
 def _parse_expandable(t: _Tokens) -> bool:
@@ -136,11 +160,12 @@ def _parse_expandable(t: _Tokens) -> bool:
 def _parse_max_split(t: _Tokens) -> int:
     t.expect(":", "max_split_size_mb", _MS_FORM)
     v = t.value("max_split_size_mb", _MS_FORM)
-    n = _parse_uint(v)
+    n = parse_uint(v, MAX_SPLIT_MB)
     if n is None or n <= _MIN_SPLIT_MB:
-        raise _bad("max_split_size_mb", v,
-                   f"it must be an integer number of MiB greater than {_MIN_SPLIT_MB}")
-    return min(n, _MAX_SPLIT_MB) * MiB
+        raise _bad("max_split_size_mb", _short(v),
+                   f"it must be an integer number of MiB greater than {_MIN_SPLIT_MB} and "
+                   f"below 2**43 (8796093022208)")
+    return n * MiB
 
 
 def _parse_gc(t: _Tokens) -> float:
@@ -161,9 +186,10 @@ def _parse_roundup(t: _Tokens) -> list[int]:
     t.expect(":", key, _RP_FORM)
     if t.peek() != "[":
         v = t.value(key, _RP_FORM)
-        n = _parse_uint(v)
+        n = parse_uint(v, MAX_DIVISIONS)
         if n is None or not _is_pow2(n):
-            raise _bad(key, v, "it must be a power of two (1, 2, 4, 8, ...) or a bracketed list")
+            raise _bad(key, _short(v), "it must be a power of two (1, 2, 4, 8, ...) up to "
+                       "2**31 or a bracketed list")
         return [n] * ROUNDUP_INTERVALS
     t.take()  # '['
     divs = [0] * ROUNDUP_INTERVALS
@@ -179,17 +205,18 @@ def _parse_roundup(t: _Tokens) -> list[int]:
         boundary = tok
         t.expect(":", key, _RP_FORM)
         v = t.value(key, _RP_FORM)
-        n = _parse_uint(v)
+        n = parse_uint(v, MAX_DIVISIONS)
         if n is None or not (n == 0 or _is_pow2(n)):
-            raise _bad(key, f"{boundary}:{v}",
-                       "each division count must be a power of two, or 0 to turn rounding off")
+            raise _bad(key, _short(f"{boundary}:{v}"),
+                       "each division count must be a power of two up to 2**31, or 0 to turn "
+                       "rounding off")
         if boundary == ">":
             for j in range(last_index + 1, ROUNDUP_INTERVALS):
                 divs[j] = n
         else:
-            b = _parse_uint(boundary)
+            b = parse_uint(boundary, 1 << 64)
             if b is None or not _is_pow2(b):
-                raise _bad(key, f"{boundary}:{v}",
+                raise _bad(key, _short(f"{boundary}:{v}"),
                            "each interval must be a power-of-two size in MiB "
                            "(1, 2, 4, ..., 32768) or '>'")
             index = min(b.bit_length() - 1, ROUNDUP_INTERVALS - 1)
@@ -259,9 +286,10 @@ def _checked(conf: dict) -> dict:
         raise ConfError("settings field 'expandable_segments' must be True or False")
     ms = out["max_split_size"]
     if (not isinstance(ms, int) or isinstance(ms, bool)
-            or (ms != -1 and (ms <= _MIN_SPLIT_MB * MiB or ms % MiB))):
+            or (ms != -1 and (ms <= _MIN_SPLIT_MB * MiB or ms % MiB or ms > MAX_SPLIT_MB * MiB))):
         raise ConfError(f"settings field 'max_split_size' must be -1 (unlimited) or a whole "
-                        f"number of MiB above {_MIN_SPLIT_MB} MiB in bytes, not {ms!r}")
+                        f"number of MiB above {_MIN_SPLIT_MB} MiB and below 2**43 MiB, in "
+                        f"bytes, not {_short(repr(ms))}")
     gc = out["garbage_collection_threshold"]
     if not isinstance(gc, (int, float)) or isinstance(gc, bool) or not (gc == 0 or 0 < gc < 1):
         raise ConfError(f"settings field 'garbage_collection_threshold' must be 0 (off) or "
@@ -269,10 +297,11 @@ def _checked(conf: dict) -> dict:
     out["garbage_collection_threshold"] = float(gc)
     divs = out["roundup_power2_divisions"]
     if (not isinstance(divs, (list, tuple)) or len(divs) != ROUNDUP_INTERVALS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and (d == 0 or _is_pow2(d))
-                       for d in divs)):
+            or not all(isinstance(d, int) and not isinstance(d, bool)
+                       and (d == 0 or (_is_pow2(d) and d <= MAX_DIVISIONS)) for d in divs)):
         raise ConfError(f"settings field 'roundup_power2_divisions' must be a list of "
-                        f"{ROUNDUP_INTERVALS} powers of two or zeros, not {divs!r}")
+                        f"{ROUNDUP_INTERVALS} powers of two up to 2**31 or zeros, not "
+                        f"{_short(repr(divs), 200)}")
     out["roundup_power2_divisions"] = list(divs)
     return out
 

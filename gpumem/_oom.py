@@ -23,13 +23,14 @@ import atexit
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from gpumem import history
-from gpumem._conf import ConfError
+from gpumem._conf import ConfError, parse_uint
 from gpumem._rank import rank_path
 
 __all__ = ["MAX_OOM_SNAPSHOTS", "ENV_OOM_SNAPSHOT", "ENV_RECORDING", "ENV_OOM_RECORDING",
@@ -206,7 +207,8 @@ def parse_oom_recording(text: Optional[str]) -> dict:
 
     Entries are key:value, separated by ','; spaces are ignored. Keys:
     context (none, state, alloc or all), stacks (python or all) and
-    max_entries (a positive integer). Raises ConfError naming what is wrong.
+    max_entries (a positive integer in ASCII digits). Raises ConfError naming
+    what is wrong.
     """
     out = dict(ENV_RECORDING)
     example = "for example context:all,stacks:python,max_entries:100000"
@@ -219,23 +221,29 @@ def parse_oom_recording(text: Optional[str]) -> dict:
             out["context"] = context
         elif key == "stacks" and value in history.STACKS:
             out["stacks"] = value
-        elif key == "max_entries" and value.isdigit() and int(value) > 0:
-            out["max_entries"] = int(value)
+        elif key == "max_entries" and (parse_uint(value, sys.maxsize) or 0) > 0:
+            out["max_entries"] = parse_uint(value, sys.maxsize)
         elif key in ("context", "stacks", "max_entries"):
             accepted = {"context": "none, state, alloc or all", "stacks": "python or all",
                         "max_entries": "a positive integer"}[key]
-            raise ConfError(f"{ENV_OOM_RECORDING}: bad value {value!r} for {key} "
+            raise ConfError(f"{ENV_OOM_RECORDING}: bad value {_short(value)!r} for {key} "
                             f"(accepted: {accepted}); {example}")
         else:
-            raise ConfError(f"{ENV_OOM_RECORDING}: unknown entry {entry!r} (keys: context, "
+            raise ConfError(f"{ENV_OOM_RECORDING}: unknown entry {_short(entry)!r} (keys: context, "
                             f"stacks, max_entries); {example}")
     return out
 
 
-def check_env() -> None:
-    """With GPUMEM_OOM_SNAPSHOT set, raise ConfError if GPUMEM_OOM_RECORDING is invalid."""
-    if os.environ.get(ENV_OOM_SNAPSHOT, "").strip():
-        parse_oom_recording(os.environ.get(ENV_OOM_RECORDING))
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
+def check_env(environ: Optional[Mapping[str, str]] = None) -> None:
+    """With GPUMEM_OOM_SNAPSHOT set, raise ConfError if GPUMEM_OOM_RECORDING is
+    invalid (in ``environ``, default os.environ)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(ENV_OOM_SNAPSHOT, "").strip():
+        parse_oom_recording(environ.get(ENV_OOM_RECORDING))
 
 
 def _arm_env() -> None:

@@ -12,11 +12,14 @@ import os
 import sys
 from typing import Optional
 
+from gpumem._conf import parse_uint
+
 __all__ = ["current_rank", "rank_path"]
 
 
 def current_rank() -> Optional[int]:
-    """This process's rank: torch.distributed's if initialised, else RANK, else LOCAL_RANK."""
+    """This process's rank: torch.distributed's if initialised, else RANK, else LOCAL_RANK
+    (a variable that is not a whole number in ASCII digits is ignored)."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None:
         try:
@@ -25,9 +28,9 @@ def current_rank() -> Optional[int]:
         except Exception:  # a half-torn-down process group: fall back to the environment
             pass
     for var in ("RANK", "LOCAL_RANK"):
-        text = os.environ.get(var, "").strip()
-        if text.isdigit():
-            return int(text)
+        rank = parse_uint(os.environ.get(var, "").strip(), 2**31 - 1)
+        if rank is not None:
+            return rank
     return None
 
 

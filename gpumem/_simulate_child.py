@@ -92,8 +92,10 @@ def _activate() -> None:
         _wrap_reset_peaks()
         _keep_recording(sys.modules["torch"], history)
     except Exception as e:  # the script still runs, on torch's allocator
+        why = f"{type(e).__name__}: {e}"
         sys.stderr.write(f"gpumem simulate: gpumem could not be installed in this process "
-                         f"({type(e).__name__}: {e}); it runs without recording\n")
+                         f"({why}); it runs without recording\n")
+        _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "install_error": why})
         return
     _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "incomplete": True})
     atexit.register(_child_finish)

@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from ._origin import is_library_file, is_package_file
+from ._unpickle import short_int
 
 __all__ = ["StackTable", "frame_fields", "is_python_frame", "is_noise_frame", "format_frame",
            "opt_int", "text_of", "U64"]
@@ -33,15 +34,19 @@ def opt_int(value: Any, default: int | None = None) -> int | None:
 
 
 def text_of(value: Any, limit: int = 400) -> str:
+    """A field for display: a str as it is, a number by its digits (a huge
+    integer by its length), anything else by its type: never repr() of a
+    container, since shared nested lists make it endless."""
     if isinstance(value, str):
         text = value
     elif value is None:
         text = ""
+    elif isinstance(value, int):
+        text = short_int(value)
+    elif isinstance(value, float):
+        text = repr(value)
     else:
-        try:
-            text = repr(value)
-        except Exception:  # noqa: BLE001 - hostile __repr__ cannot exist in plain data
-            text = type(value).__name__
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -98,6 +103,7 @@ class StackTable:
         self.stack_site: list[int] = []
         self.sites: list[dict] = []
         self._site_ids: dict[tuple, int] = {}
+        self._library: dict[str, bool] = {}
         self.stack_site.append(self._site(("none",), self.NO_STACK, "none", None))
 
     def intern(self, frames: Any) -> int:
@@ -144,7 +150,7 @@ class StackTable:
         if not fields:
             return 0
         python = [f for f in fields if is_python_frame(f[0])]
-        code = [f for f in python if not is_library_file(f[0])]
+        code = [f for f in python if not self._is_library(f[0])]
         if code:
             lib = code[0]  # innermost frame outside torch/gpumem/stdlib (may be a package)
             own = next((f for f in code if not is_package_file(f[0])), None)
@@ -163,16 +169,29 @@ class StackTable:
             parts = [text_of(shown[0][2], 80)]
         return self._site(("stack",) + fields, "[C++] " + " ".join(parts), "c++", None)
 
+    def _is_library(self, filename: str) -> bool:
+        """is_library_file, once per file name (a stack may repeat one a million times)."""
+        known = self._library.get(filename)
+        if known is None:
+            known = self._library[filename] = is_library_file(filename)
+        return known
+
     def stack_lines(self, sid: int, limit: int = 60) -> list[str]:
-        """The stack innermost first, capture machinery hidden, repeats collapsed."""
+        """The stack innermost first, capture machinery hidden, repeats collapsed.
+
+        At most ``limit`` lines are made from at most max(1000, 20 * limit)
+        frames, then "... N more frames" counts the frames not looked at, so
+        a stack of a million frames costs what a short one does."""
         out: list[str] = []
-        for f in self.stacks[sid]:
+        frames = self.stacks[sid]
+        scan = max(1000, 20 * limit)
+        for k, f in enumerate(frames):
+            if len(out) == limit or k == scan:
+                out.append(f"... {len(frames) - k} more frames")
+                break
             if is_noise_frame(f[0], f[2]):
                 continue
             text = format_frame(f)
-            if out and out[-1] == text:
-                continue
-            out.append(text)
-        if len(out) > limit:
-            out = out[:limit] + [f"... {len(out) - limit} more frames"]
+            if not out or out[-1] != text:
+                out.append(text)
         return out

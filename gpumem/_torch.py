@@ -32,14 +32,14 @@ import functools
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, Mapping, Optional
 
 from gpumem import _oom, _shim_state
 from gpumem._conf import ConfError, KEYS as CONF_KEYS, parse_conf
 from gpumem._shim_state import is_installed, shim
 
 __all__ = ["InstallError", "TorchMissingError", "install", "is_installed", "uninstall_patches",
-           "patches_applied", "settings_in_effect", "shim", "PATCHED"]
+           "patches_applied", "settings_in_effect", "check_environment", "shim", "PATCHED"]
 
 
 class InstallError(RuntimeError):
@@ -90,16 +90,18 @@ def _applicable_entries(text: str) -> str:
     return ",".join(keep)
 
 
-def _read_settings() -> tuple[dict, str]:
-    """(settings dict for gpumem._C, where they came from)."""
-    text = os.environ.get("GPUMEM_ALLOC_CONF")
+def _read_settings(environ: Optional[Mapping[str, str]] = None) -> tuple[dict, str]:
+    """(settings dict for gpumem._C, where they came from) in ``environ``
+    (default os.environ)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get("GPUMEM_ALLOC_CONF")
     if text is not None:
         try:
             return parse_conf(text), "GPUMEM_ALLOC_CONF"
         except ConfError as e:
             raise AllocConfError(f"GPUMEM_ALLOC_CONF={text!r} is invalid: {e}") from None
     for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
-        text = os.environ.get(var)
+        text = environ.get(var)
         if text:
             sub = _applicable_entries(text)
             try:
@@ -131,11 +133,20 @@ def _device_index(device: Any) -> int:
     return index
 
 
-def _check_oom_recording() -> None:
+def _check_oom_recording(environ: Optional[Mapping[str, str]] = None) -> None:
     try:
-        _oom.check_env()
+        _oom.check_env(environ)
     except ConfError as e:
         raise AllocConfError(str(e)) from None
+
+
+def check_environment(environ: Optional[Mapping[str, str]] = None) -> None:
+    """Raise AllocConfError if the variables install() reads (GPUMEM_ALLOC_CONF
+    or its torch fallbacks, GPUMEM_OOM_RECORDING with GPUMEM_OOM_SNAPSHOT)
+    are invalid in ``environ`` (default os.environ); install() would refuse
+    them.  Neither imports torch nor builds anything."""
+    _read_settings(environ)
+    _check_oom_recording(environ)
 
 
 def _not_initialised_error() -> InstallError:

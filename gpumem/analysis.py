@@ -28,10 +28,12 @@ then 'snapshot' trace entries (one is written each time a snapshot is taken
 while recording).  'annotate' entries name one allocation, not a step, and are
 not markers.
 
-The loader (gpumem._unpickle) rejects what no allocator can write (integer
-fields outside 64 bits included); every other oddity (missing or wrongly
-typed optional fields) is tolerated, so any snapshot the loader accepts can
-be analysed.
+The loader (gpumem._unpickle) checks what is read here without a guard:
+the required fields, integers that fit in 64 bits, and the size limits of
+Note [Hostile snapshots].  Every other oddity (missing, wrongly typed or
+absurd optional fields) is tolerated, so any snapshot the loader accepts can
+be analysed; a value shown in a report that is not a string or a number is
+shown by its type (a shared nested list has an enormous repr).
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ from ._sites import StackTable, U64, opt_int as _opt_int, text_of as _text
 from ._unpickle import SnapshotError
 
 __all__ = [
-    "AnalysisError", "StackTable", "load_checked", "DeviceModel", "check_snapshot", "devices_of",
-    "pick_device", "build_device", "end_blocks", "live_by_site", "summarize", "diff",
+    "AnalysisError", "StackTable", "DeviceModel", "devices_of", "pick_device", "build_device",
+    "end_blocks", "live_by_site", "summarize", "diff",
 ]
 
 ACTIVE_STATES = ("active_allocated", "active_pending_free")
@@ -57,21 +59,6 @@ _ANNOTATIONS = ("user_defined",)   # torch 2.4's record_function regions in the 
 
 class AnalysisError(SnapshotError):
     """A request the snapshot cannot answer (for example a device it does not have)."""
-
-
-# ------------------------------------------------------------------ validation
-
-def load_checked(path: str) -> dict:
-    """load_snapshot(path): raises SnapshotError with one line."""
-    from ._unpickle import load_snapshot
-    return check_snapshot(load_snapshot(path), str(path))
-
-
-def check_snapshot(snap: dict, name: str) -> dict:
-    """The snapshot as the loader accepted it.  The loader (gpumem._unpickle)
-    already rejects integer fields that no allocator can write (outside 64
-    bits), in its one pass over the trace; nothing is left to check here."""
-    return snap
 
 
 # ------------------------------------------------------------------ devices

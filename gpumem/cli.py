@@ -17,12 +17,14 @@ import os
 import sys
 from typing import Any, Callable
 
-from ._conf import ConfError
+from ._conf import ConfError, parse_uint
 from ._format import format_bytes
 from . import _shim_build
 from . import simulate as _simulate
 from .doctor import HELP as _DOCTOR_HELP, add_arguments as _add_doctor_args, run as _run_doctor
-from ._unpickle import SnapshotError, gc_paused
+from .sim import SimError, parse_size
+from ._unpickle import (MAX_BYTES, MIN_RECORDS, RECORD_BYTES, Limits, SnapshotError, gc_paused,
+                        load_snapshot)
 
 __all__ = ["main", "COMMANDS", "format_bytes"]
 
@@ -45,6 +47,44 @@ def _print_error(message: str) -> None:
 
 # ------------------------------------------------------------------ replay
 
+def _records_arg(text: str) -> int:
+    value = parse_uint(text.strip(), 1 << 62)
+    if not value:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text[:40]!r}")
+    return value
+
+
+def _bytes_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except SimError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 4GiB or 1048576, not "
+                                         f"{text[:40]!r}") from None
+
+
+LIMITS_HELP = (
+    "Input files: only regular files are read (a FIFO, a device or a socket is refused), "
+    f"at most --max-bytes of them (default {MAX_BYTES >> 30} GiB). A recorder writes every "
+    f"segment, block and trace entry as a dict of its own, at least {RECORD_BYTES} bytes of "
+    "pickle each, so a file whose segments, blocks and trace entries (each reference to a "
+    f"shared list counted) number more than one per {RECORD_BYTES} bytes (and more than "
+    f"{MIN_RECORDS:,}) repeats objects to look large and is refused; --max-records N sets "
+    "that limit instead. Refusals are one line and exit status 2.")
+
+
+def _add_limit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-bytes", type=_bytes_arg, default=MAX_BYTES, metavar="SIZE",
+                   help=f"the largest snapshot file read (default {MAX_BYTES >> 30}GiB)")
+    p.add_argument("--max-records", type=_records_arg, metavar="N",
+                   help=f"the most segments, blocks and trace entries a snapshot may hold "
+                        f"(default: one per {RECORD_BYTES} bytes of the file, at least "
+                        f"{MIN_RECORDS})")
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(max_bytes=args.max_bytes, max_records=args.max_records)
+
+
 def _add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("snapshot", metavar="SNAPSHOT.pickle",
                    help="a snapshot written by torch.cuda.memory._dump_snapshot")
@@ -56,6 +96,7 @@ def _add_replay_args(p: argparse.ArgumentParser) -> None:
                    help="the device's memory, e.g. 80GiB or 24GB (default: the recording "
                         "device's, when the trace has out-of-memory entries, else unbounded)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_limit_args(p)
 
 
 def _fmt_ratio(r: float | None) -> str:
@@ -120,12 +161,15 @@ def _run_replay(args: argparse.Namespace) -> int:
 
     capacity = None
     if args.memory is not None:
-        from .sim import SimError, parse_size
+        from .replay import MAX_CAPACITY
         try:
             capacity = parse_size(args.memory)
         except SimError as e:
             raise ConfError(f"--memory: {e}") from None
-    report = replay_file(args.snapshot, args.conf, capacity=capacity)
+        if capacity > MAX_CAPACITY:
+            raise ConfError(f"--memory: {args.memory} is more than replay simulates; give at "
+                            f"most {format_bytes(MAX_CAPACITY)}")
+    report = replay_file(args.snapshot, args.conf, capacity=capacity, limits=_limits(args))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -161,15 +205,18 @@ _SNAP_HELP = "a snapshot written by gpumem.dump_snapshot or torch.cuda.memory._d
 def _add_view_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("snapshot", metavar="SNAPSHOT.pickle", help=_SNAP_HELP)
     p.add_argument("-o", "--output", metavar="OUT.html",
-                   help="where to write the page (default: the snapshot's name with .html)")
+                   help="where to write the page (default: the snapshot's name with .html); "
+                        "written atomically, replacing only a regular file: a symlink's "
+                        "target is written, a directory, FIFO or device is refused")
     p.add_argument("--device", type=_device_arg, metavar="N",
                    help="the device to show (default: the one with the longest trace)")
+    _add_limit_args(p)
 
 
 def _run_view(args: argparse.Namespace) -> int:
     from .view import write_view
 
-    info = write_view(args.snapshot, args.output, device=args.device)
+    info = write_view(args.snapshot, args.output, device=args.device, limits=_limits(args))
     print(f"wrote {info['output']} ({format_bytes(info['html_bytes'])}): device {info['device']}, "
           f"{info['events']} trace events, {info['bands']} allocations drawn individually"
           f"{', ' + info['folded'] if info['folded'] else ''}")
@@ -183,6 +230,7 @@ def _add_summary_args(p: argparse.ArgumentParser) -> None:
                    help="how many allocation sites to list (default 10)")
     p.add_argument("--device", type=_device_arg, metavar="N", help="only this device")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_limit_args(p)
 
 
 def _short_site(label: str) -> str:
@@ -266,10 +314,11 @@ def _signed(n: int) -> str:
 
 
 def _run_summary(args: argparse.Namespace) -> int:
-    from .analysis import load_checked, summarize
+    from .analysis import summarize
 
     with gc_paused():   # plain acyclic data, built and walked once (see gc_paused)
-        report = summarize(load_checked(args.snapshot), args.snapshot, args.top, args.device)
+        report = summarize(load_snapshot(args.snapshot, _limits(args)), args.snapshot, args.top,
+                           args.device)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -290,6 +339,7 @@ def _add_diff_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=_device_arg, metavar="N",
                    help="only this device (default: all devices together)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_limit_args(p)
 
 
 def _diff_rows(rows: list[dict], lines: list[str]) -> None:
@@ -302,11 +352,11 @@ def _diff_rows(rows: list[dict], lines: list[str]) -> None:
 
 
 def _run_diff(args: argparse.Namespace) -> int:
-    from .analysis import diff, load_checked
+    from .analysis import diff
 
     with gc_paused():   # plain acyclic data, built and walked once (see gc_paused)
-        before = load_checked(args.before)
-        after = load_checked(args.after)
+        before = load_snapshot(args.before, _limits(args))
+        after = load_snapshot(args.after, _limits(args))
         report = diff(before, after, (args.before, args.after), args.top, args.device)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -353,6 +403,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
 }
 
 
+#: The commands that read snapshot files (and so take --max-bytes and --max-records).
+READS_SNAPSHOTS = ("replay", "view", "summary", "diff")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     parser = _Parser(prog=PROG, description="gpumem: a CUDA caching allocator for PyTorch.")
@@ -360,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
                         version=f"{PROG} {__version__} (Python {sys.version.split()[0]})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (help_text, add_args, _run) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           epilog=LIMITS_HELP if name in READS_SNAPSHOTS else None)
         add_args(p)
     return parser
 

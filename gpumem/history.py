@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-import tempfile
 from typing import Any
 
 from gpumem import _C
+from gpumem._atomic import write_atomic
 from gpumem._conf import ConfError, settings_for_snapshot
 
 __all__ = [
@@ -262,69 +262,31 @@ def snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:
     return _take(False, augment_with_fx_traces)
 
 
-def _umask() -> int:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_snapshot(snap: dict, filename: str | os.PathLike[str], *,
-                   make_dirs: bool = False) -> None:
-    """Pickle ``snap`` to ``filename`` atomically.
+                   make_dirs: bool = False) -> str:
+    """Pickle ``snap`` to ``filename`` atomically; return the path written.
 
-    The data goes to a temporary file in the same directory, is fsync'ed,
-    then renamed over ``filename``: a crash mid-dump leaves either no file
-    or the previous complete one, never a truncated pickle.  make_dirs:
-    create the directory (and its parents) first if it does not exist.
+    Note [Atomic writes] in gpumem/_atomic.py: a crash mid-dump leaves either
+    no file or the previous complete one, never a truncated pickle; only a
+    regular file is replaced (a symlink is followed and its target written;
+    a directory, FIFO, socket or device is refused with an OSError and left
+    as it is); temporaries of killed dumps are removed by later ones.
+    make_dirs: create the directory (and its parents) first if it does not
+    exist.
     """
-    path = os.fspath(filename)
-    directory = os.path.dirname(os.path.abspath(path))
-    if make_dirs:
-        os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(snap, f, protocol=PICKLE_PROTOCOL)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
+    return write_atomic(filename, lambda f: pickle.dump(snap, f, protocol=PICKLE_PROTOCOL),
+                        make_dirs=make_dirs)
 
 
 def dump_snapshot(filename: str | os.PathLike[str] = "dump_snapshot.pickle",
                   augment_with_fx_traces: bool = False) -> None:
     """Write snapshot() to ``filename`` for torch.cuda._memory_viz / memory_viz.
 
-    Pickle protocol 4 (the viewers read 2 to 4), written atomically (see
-    write_snapshot).  Every address, size, stream and time is an integer in
-    [0, 2**53), so JavaScript reads it exactly; the only negative value is
-    torch's own ``allocator_settings['max_split_size'] == -1`` (unlimited).
+    Pickle protocol 4 (the viewers read 2 to 4), written atomically and only
+    over a regular file (see write_snapshot).  Every address, size, stream and
+    time is an integer in [0, 2**53), so JavaScript reads it exactly; the only
+    negative value is torch's own ``allocator_settings['max_split_size'] == -1``
+    (unlimited).
     """
     write_snapshot(_take(True, augment_with_fx_traces), filename)
 

@@ -44,6 +44,9 @@ Limitations: a partial release (garbage collection, or the release of
   one; memory outside torch's allocator on the recording device is not
   known, so a capacity from 'oom' entries counts only torch's reserved and
   free bytes.
+* A request larger than any allocator serves (gpumem._C.MAX_REQUEST, 2**62
+  bytes) cannot be in a trace torch wrote: the file is refused as corrupt
+  (SnapshotError).  The simulated device is at most MAX_CAPACITY.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._conf import ConfError, conf_from_snapshot_settings, default_conf, format_conf, parse_conf
-from ._unpickle import load_snapshot, normalize_snapshot
+from ._unpickle import Limits, SnapshotError, load_snapshot, normalize_snapshot, short_int
 
 __all__ = ["ReplayError", "DeviceOps", "build_ops", "replay_device", "replay_snapshot",
            "replay_file", "traced_devices", "round_size", "recorded_conf", "NO_TRACE_NOTE",
@@ -62,6 +65,10 @@ __all__ = ["ReplayError", "DeviceOps", "build_ops", "replay_device", "replay_sna
 
 GiB = 1 << 30
 DEFAULT_CAPACITY = 80 * GiB
+#: The simulated device is never larger than this (8 TiB; its address
+#: window is 16 TiB, with room for expandable reservations): a trace whose
+#: peak is beyond it is replayed on it, and its largest requests fail.
+MAX_CAPACITY = 1 << 43
 OP_ALLOC = 0
 OP_FREE = 1
 OP_RELEASE = 2
@@ -125,14 +132,24 @@ def _segment_blocks(snapshot: dict, device: int):
             addr += block["size"]
 
 
-def build_ops(snapshot: dict, device: int) -> DeviceOps:
+def _request(size: int, limit: int, name: str, where: str) -> int:
+    """size, if an allocator could have been asked for it; else the file is corrupt."""
+    if size > limit:
+        raise SnapshotError(f"{name}: {where} asks for {short_int(size)} bytes, more than any "
+                            f"allocator serves (at most {limit}); the file is corrupt, re-dump "
+                            f"the snapshot")
+    return size
+
+
+def build_ops(snapshot: dict, device: int, name: str = "snapshot") -> DeviceOps:
     """Build the replay op list for ``device`` (see the module docstring).
 
     ``snapshot`` must be a normalised snapshot (load_snapshot's result, or
-    any dict normalize_snapshot accepts).
+    any dict normalize_snapshot accepts); ``name`` names it in errors.
     """
     trace = snapshot["device_traces"][device] if device < len(snapshot["device_traces"]) else []
     out = DeviceOps(device=device, events=len(trace))
+    limit = _load_c().MAX_REQUEST
     ops: list = []  # entries become None when a placeholder free is superseded
     live: dict[int, tuple[int, int]] = {}  # addr -> (size, stream), not yet freed
     pending: dict[int, int] = {}  # addr -> index of its free_requested placeholder
@@ -141,11 +158,12 @@ def build_ops(snapshot: dict, device: int) -> DeviceOps:
     running = high = 0  # reserved-memory change since the trace began, and its maximum
     oom_room: list[int] = []  # running + device_free at each 'oom' entry
 
-    for entry in trace:
+    for i, entry in enumerate(trace):
         action = entry["action"]
         stream = entry.get("stream", 0)
         if action == "alloc":
             addr = entry["addr"]
+            _request(entry["size"], limit, name, f"device_traces[{device}][{i}]")
             seen.add(addr)
             if addr in pending:  # never completed: its placeholder stays the free
                 del pending[addr]
@@ -162,7 +180,8 @@ def build_ops(snapshot: dict, device: int) -> DeviceOps:
                 out.stray_frees += 1
             elif addr in live or addr not in seen:
                 if addr not in live:
-                    start[addr] = live[addr] = (entry["size"], stream)
+                    size = _request(entry["size"], limit, name, f"device_traces[{device}][{i}]")
+                    start[addr] = live[addr] = (size, stream)
                     out.live_from_start_frees += 1
                 pending[addr] = len(ops)
                 ops.append((OP_FREE, addr, 0, 0))
@@ -179,7 +198,8 @@ def build_ops(snapshot: dict, device: int) -> DeviceOps:
                 ops.append((OP_FREE, addr, 0, 0))
                 del live[addr]
             elif addr not in seen:
-                start[addr] = (entry["size"], stream)
+                start[addr] = (_request(entry["size"], limit, name,
+                                        f"device_traces[{device}][{i}]"), stream)
                 out.live_from_start_frees += 1
                 ops.append((OP_FREE, addr, 0, 0))
             else:
@@ -205,7 +225,9 @@ def build_ops(snapshot: dict, device: int) -> DeviceOps:
     for addr, block, seg in _segment_blocks(snapshot, device):
         if block["state"] in _ACTIVE_STATES and addr not in seen:
             req = block.get("requested_size", 0)
-            start[addr] = (req if req > 0 else block["size"], seg.get("stream", 0))
+            size = _request(req if req > 0 else block["size"], limit, name,
+                            f"a block at {addr:#x} of device {device}'s segments")
+            start[addr] = (size, seg.get("stream", 0))
             from_segments += 1
     out.live_from_start_blocks = from_segments
 
@@ -271,9 +293,10 @@ def replay_device(ops: DeviceOps, conf: dict, *, capacity: int | None = None,
     c_mod = _import_c()
     source = "given"
     if capacity is None and ops.trace_capacity is not None:
-        capacity, source = ops.trace_capacity, "trace"
+        capacity, source = min(ops.trace_capacity, MAX_CAPACITY), "trace"
     elif capacity is None:
-        capacity, source = max(DEFAULT_CAPACITY, 4 * ops.peak_allocated_trace), "default"
+        capacity = min(max(DEFAULT_CAPACITY, 4 * ops.peak_allocated_trace), MAX_CAPACITY)
+        source = "default"
     actions, addrs, sizes, streams = ops.arrays()
     kwargs: dict[str, Any] = {"capacity": capacity, "settings": conf}
     if granularity is not None:
@@ -366,15 +389,15 @@ def replay_snapshot(snapshot: dict, conf: dict | str | None = None, *,
         report["note"] = NO_TRACE_NOTE
         return report
     for d in devices:
-        report["devices"].append(replay_device(build_ops(snap, d), settings,
+        report["devices"].append(replay_device(build_ops(snap, d, file or "snapshot"), settings,
                                                capacity=capacity, granularity=granularity))
     return report
 
 
 def replay_file(path: str | os.PathLike[str], conf_text: str | None = None, *,
-                capacity: int | None = None) -> dict[str, Any]:
-    """load_snapshot(path), then replay_snapshot with the settings string
+                capacity: int | None = None, limits: Limits | None = None) -> dict[str, Any]:
+    """load_snapshot(path, limits), then replay_snapshot with the settings string
     ``conf_text`` (None: the settings the snapshot was recorded with)."""
     settings = None if conf_text is None else parse_conf(conf_text)
-    snap = load_snapshot(path)
+    snap = load_snapshot(path, limits)
     return replay_snapshot(snap, settings, capacity=capacity, file=os.fspath(path))

@@ -75,7 +75,7 @@ def parse_size(text: Union[str, int]) -> int:
         if text <= 0:
             raise SimError(f"memory size must be positive, got {text}")
         return text
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(text))
+    m = re.fullmatch(r"\s*(\d{1,30})\s*([A-Za-z]*)\s*", str(text), re.ASCII)
     if not m or m.group(2).lower() not in _UNITS or int(m.group(1)) == 0:
         raise SimError(f"bad memory size {text!r}: use an integer with an optional unit, "
                        "such as 80GiB, 512MiB or 1048576")

@@ -8,7 +8,11 @@ fake CUDA libraries, device memory that costs only what is touched) with
 gpumem installed and recording in every Python process of the run, then
 prints the peak memory per device and whether it fits, writes the snapshot
 and the offline viewer page (gpumem view) into DIR, and exits with the
-command's exit status.  Out-of-memory errors write snapshots into DIR too
+command's exit status.  Settings gpumem.install() would refuse
+(GPUMEM_ALLOC_CONF, or GPUMEM_OOM_RECORDING) are refused before the command
+runs (status 2); if gpumem still cannot be installed in a process of the
+run, the report says so and the status is 2 when the command itself
+succeeded.  Out-of-memory errors write snapshots into DIR too
 (GPUMEM_OOM_SNAPSHOT, unless it is already set).
 
 Note [Setting up the child]
@@ -159,8 +163,9 @@ def _views(procs: list[dict], oom_files: list[str], out: str) -> dict[str, Any]:
 
 def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs: list[dict],
             oom_files: list[str], pages: dict, seconds: float) -> dict[str, Any]:
+    unrecorded = [p for p in procs if p.get("install_error")]
     crashed = [p for p in procs if p.get("incomplete")]
-    procs = [p for p in procs if not p.get("incomplete")]
+    procs = [p for p in procs if not p.get("incomplete") and not p.get("install_error")]
     rows = []
     for p in procs:
         for d, v in sorted((p.get("devices") or {}).items(), key=lambda kv: int(kv[0])):
@@ -180,6 +185,9 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                f"the OOM snapshot")
     elif ooms:
         fits, why = False, f"{ooms} allocation(s) failed with out of memory"
+    elif unrecorded:
+        fits, why = None, (f"gpumem could not be installed in {len(unrecorded)} process(es) "
+                           "using torch, so their memory was not measured")
     elif not rows:
         fits, why = None, ("no CUDA memory was used" if procs else
                            "the command never imported torch")
@@ -200,7 +208,10 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
             "oom_snapshots": oom_files, "views": pages,
             "errors": [f"pid {p.get('pid')}: {p['error']}" for p in procs if p.get("error")]
             + [f"pid {p.get('pid')} ({' '.join(p.get('argv') or [])}) did not exit normally: "
-               "no snapshot or statistics from it" for p in crashed],
+               "no snapshot or statistics from it" for p in crashed]
+            + [f"pid {p.get('pid')} ({' '.join(p.get('argv') or [])}): gpumem could not be "
+               f"installed ({p['install_error']})" for p in unrecorded],
+            "unrecorded": len(unrecorded),
             "limits": LIMITS}
 
 
@@ -266,6 +277,13 @@ def run(args: argparse.Namespace) -> int:
         env_probe = sim.sim_env(memory=memory, devices=args.devices, base=base)
     except sim.SimError as e:
         return _error(str(e))
+    probe = dict(env_probe)
+    probe.setdefault("GPUMEM_OOM_SNAPSHOT", args.out)
+    try:  # what install() would refuse in the child is refused here, before running anything
+        from gpumem._torch import AllocConfError, check_environment
+        check_environment(probe)
+    except AllocConfError as e:
+        return _error(f"{e}; nothing was run")
     out = os.path.abspath(args.out)
     try:
         os.makedirs(out, exist_ok=True)
@@ -321,6 +339,9 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(report, indent=2), flush=True)
         else:
             _print_report(report)
+        if report["unrecorded"] and rc == 0:
+            return _error(f"gpumem could not be installed in {report['unrecorded']} process(es) "
+                          "of the run, so the report does not cover them (see above)")
         return rc
     finally:
         shutil.rmtree(boot, ignore_errors=True)

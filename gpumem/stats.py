@@ -7,7 +7,9 @@ torch's flat, sorted key set (``allocated_bytes.all.current`` ...
 on.  They need ``gpumem.install()`` first (RuntimeError otherwise); as in
 torch, ``memory_stats()`` is empty until CUDA is initialised, and nothing
 here initialises CUDA unless torch's function would (device=None means the
-current device, which torch.cuda.current_device() initialises).
+current device, which torch.cuda.current_device() initialises).  A device
+that does not exist gets torch's error ("Invalid device argument N"), not
+zeros.
 """
 
 from __future__ import annotations
@@ -29,13 +31,22 @@ def _index(device: Any) -> int:
     return _get_device_index(device, optional=True)
 
 
+def _existing(device: Any) -> int:
+    """_index(device), refused with torch's error when no such device exists."""
+    import torch
+    index = _index(device)
+    if not 0 <= index < torch.cuda.device_count():
+        raise RuntimeError(f"Invalid device argument {index}: did you call init?")
+    return index
+
+
 def memory_stats(device: Any = None) -> "collections.OrderedDict[str, int]":
     """torch.cuda.memory_stats: the allocator's statistics for a device, flat and sorted."""
     shim = _shim()
     import torch
     if not torch.cuda.is_initialized():
         return collections.OrderedDict()
-    stats = shim.stats(_index(device))
+    stats = shim.stats(_existing(device))
     stats.setdefault("num_oom_rejections", 0)  # torch 2.14's key; gpumem never rejects early
     return collections.OrderedDict(sorted(stats.items()))
 
@@ -62,12 +73,12 @@ def max_memory_reserved(device: Any = None) -> int:
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     """Set every peak to its current value (torch.cuda.reset_peak_memory_stats)."""
-    _shim().reset_peak(_index(device))
+    _shim().reset_peak(_existing(device))
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
     """Zero the allocated/freed totals, num_alloc_retries and num_ooms."""
-    _shim().reset_accumulated(_index(device))
+    _shim().reset_accumulated(_existing(device))
 
 
 def empty_cache() -> None:

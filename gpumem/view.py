@@ -32,11 +32,11 @@ import bisect
 import json
 import os
 import re
-import tempfile
 from typing import Any
 
 from . import analysis
-from ._unpickle import gc_paused
+from ._atomic import write_atomic
+from ._unpickle import Limits, gc_paused, load_snapshot
 from .analysis import DeviceModel, StackTable
 
 __all__ = ["build_payload", "render_html", "write_view", "default_output"]
@@ -367,14 +367,17 @@ def default_output(snapshot: str) -> str:
     return (root if ext.lower() in (".pickle", ".pkl", ".pck", ".p") else snapshot) + ".html"
 
 
-def write_view(snapshot: str, output: str | None = None, device: int | None = None) -> dict:
-    """Load ``snapshot``, write the page to ``output``; return what was written."""
+def write_view(snapshot: str, output: str | None = None, device: int | None = None,
+               limits: Limits | None = None) -> dict:
+    """Load ``snapshot`` (within ``limits``), write the page to ``output``; return what
+    was written."""
     with gc_paused():
-        return _write_view(snapshot, output, device)
+        return _write_view(snapshot, output, device, limits)
 
 
-def _write_view(snapshot: str, output: str | None, device: int | None) -> dict:
-    snap = analysis.load_checked(snapshot)
+def _write_view(snapshot: str, output: str | None, device: int | None,
+                limits: Limits | None) -> dict:
+    snap = load_snapshot(snapshot, limits)
     caps = {"samples": MAX_SAMPLES, "bands": MAX_BANDS, "blocks": MAX_BLOCKS,
             "band_budget": BAND_SAMPLE_BUDGET, "stacks": MAX_STACKS}
     while True:
@@ -386,7 +389,7 @@ def _write_view(snapshot: str, output: str | None, device: int | None) -> dict:
     output = output or default_output(snapshot)
     html = render_html(data, f"gpumem: {os.path.basename(snapshot)}")
     try:
-        _write_atomic(output, html.encode("utf-8"))
+        write_atomic(output, lambda f: f.write(html.encode("utf-8")))
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise analysis.AnalysisError(f"cannot write {output} ({reason}); choose another "
@@ -399,20 +402,3 @@ def _write_view(snapshot: str, output: str | None, device: int | None) -> dict:
             "device": payload["device"], "events": tl["n_events"] if tl else 0,
             "bands": len(tl["bands"]) if tl else 0, "folded": folded,
             "samples": len(tl["ev"]) if tl else 0}
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

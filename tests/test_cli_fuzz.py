@@ -1,8 +1,8 @@
-"""Bad input for ``gpumem view``, ``summary`` and ``diff``: one line, exit 2, no traceback.
+"""Bad input for ``gpumem view``, ``summary``, ``diff`` and ``replay``: one line, exit 2,
+no traceback.
 
 Every variant is generated here and knows its expected outcome:
-- 2 for what the loader (gpumem._unpickle) or analysis.check_snapshot must
-  reject: truncations (a proper prefix of a pickle never holds its STOP),
+- 2 for what the loader (gpumem._unpickle) must reject: truncations (a proper prefix of a pickle never holds its STOP),
   wrong types and missing values for the keys the loader checks, negative or
   beyond-64-bit integers there, a top level that is not a dict or a list of
   segments, pickles naming globals, protocol 0/1 pickles, empty files,
@@ -13,8 +13,11 @@ Every variant is generated here and knows its expected outcome:
   flipped bytes: 0 only if they still load to a structurally valid snapshot.
 
 Each variant runs in-process through cli.main (stderr captured) for all
-three commands (diff with the variant as BEFORE, and as AFTER for some); a
-few run as ``python -m gpumem`` in a subprocess.
+four commands (diff with the variant as BEFORE, and as AFTER for some;
+replay must also refuse a request no allocator serves); a few run as
+``python -m gpumem`` in a subprocess.  tests/test_hostile_inputs.py runs
+them all again, each command in a child of its own with its time and
+memory measured.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumem import analysis, cli
-from gpumem._unpickle import SnapshotError, loads_snapshot
+from gpumem import cli
+from gpumem._unpickle import SnapshotError, load_snapshot, loads_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -251,7 +254,20 @@ def _variants(blob: bytes) -> dict[str, tuple[str, object, object]]:
 
 def _oracle(data: bytes) -> int:
     try:
-        analysis.check_snapshot(loads_snapshot(data, "x"), "x")
+        loads_snapshot(data, "x")
+    except SnapshotError:
+        return 2
+    return 0
+
+
+def replay_oracle(path) -> int:
+    """gpumem replay's status for a file the loader accepts: 2 if it holds a
+    request no allocator serves."""
+    from gpumem import replay
+    snap = load_snapshot(path)
+    try:
+        for d in replay.traced_devices(snap):
+            replay.build_ops(snap, d, str(path))
     except SnapshotError:
         return 2
     return 0
@@ -320,12 +336,13 @@ def test_variant(tmp_path, good, name):
     path, expected = materialise(tmp_path, name)
     html = tmp_path / "out.html"
     commands = [["view", path, "-o", html], ["summary", path], ["summary", path, "--json"],
-                ["diff", path, good]]
+                ["diff", path, good], ["replay", path]]
     if zlib.crc32(name.encode()) % 3 == 0 or expected == 0:
         commands.append(["diff", good, path, "--json"])
     for argv in commands:
         code, out, err = run_in_process(argv)
-        check(code, out, err, expected, argv[0])
+        want = replay_oracle(path) if argv[0] == "replay" and expected == 0 else expected
+        check(code, out, err, want, argv[0])
         if argv[0] == "view":
             assert html.exists() == (expected == 0), name
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "temporary left"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumem._conf import (ConfError, default_conf, format_conf, parse_conf,
-                          settings_for_snapshot)
+from gpumem._conf import (MAX_SPLIT_MB, ConfError, default_conf, format_conf, parse_conf,
+                          parse_uint, settings_for_snapshot)
 from gpumem._unpickle import load_snapshot
 
 MiB = 1 << 20
@@ -51,9 +51,53 @@ def test_max_split_size(mb):
     assert parse_conf(f"max_split_size_mb:{mb}")["max_split_size"] == mb * MiB
 
 
-def test_max_split_size_is_clamped_like_torch():
-    huge = parse_conf("max_split_size_mb:99999999999999999999")["max_split_size"]
-    assert huge == ((1 << 64) - 1) // MiB * MiB
+def test_max_split_size_up_to_what_the_allocator_stores():
+    """Issue 16.9: 2**43 MiB and more gave OverflowError at install(); torch
+    clamps such values, gpumem refuses them (the bytes must fit in 63 bits)."""
+    from gpumem import _C
+    largest = parse_conf(f"max_split_size_mb:{MAX_SPLIT_MB}")
+    assert largest["max_split_size"] == MAX_SPLIT_MB * MiB < 1 << 63
+    a = _C.Allocator(capacity=64 * MiB, settings=largest)
+    assert a.settings()["max_split_size"] == MAX_SPLIT_MB * MiB
+    assert parse_conf(format_conf(largest)) == largest
+    for text in (str(MAX_SPLIT_MB + 1), "8796093022208", "99999999999999999999", "9" * 5000):
+        with pytest.raises(ConfError, match="below 2\\*\\*43"):
+            parse_conf(f"max_split_size_mb:{text}")
+    with pytest.raises(ConfError, match="below 2\\*\\*43"):
+        format_conf(dict(default_conf(), max_split_size=(MAX_SPLIT_MB + 1) * MiB))
+
+
+def test_roundup_divisions_up_to_what_the_allocator_stores():
+    """Issue 16.9: 2**40 divisions were silently stored as 0."""
+    from gpumem import _C
+    assert parse_conf(f"roundup_power2_divisions:{1 << 31}")["roundup_power2_divisions"] == \
+        [1 << 31] * 16
+    for text in (str(1 << 32), str(1 << 40), f"[256:{1 << 40}]", f"[>:{1 << 32}]"):
+        with pytest.raises(ConfError, match="up to 2\\*\\*31"):
+            parse_conf(f"roundup_power2_divisions:{text}")
+    with pytest.raises(ConfError, match="up to 2\\*\\*31"):
+        format_conf(dict(default_conf(), roundup_power2_divisions=[1 << 40] * 16))
+    # the extension refuses what would not fit instead of truncating it
+    for divs in ([1 << 40] * 16, [-1] * 16, [1 << 32] * 16):
+        with pytest.raises(ValueError, match="up to 2\\*\\*31"):
+            _C.Allocator(capacity=64 * MiB, settings={"roundup_power2_divisions": divs})
+    with pytest.raises(ValueError, match="below 2\\*\\*63"):
+        _C.Allocator(capacity=64 * MiB, settings={"max_split_size": 1 << 63})
+
+
+@pytest.mark.parametrize("text", ["²", "٣٠", "64²", "６４", "2¹", "+64", " 6 4x"])
+def test_numbers_are_ascii_digits(text):
+    """Issue 16.10: str.isdigit() accepts '²', which int() then refuses."""
+    for key in ("max_split_size_mb", "roundup_power2_divisions"):
+        with pytest.raises(ConfError):
+            parse_conf(f"{key}:{text}")
+    assert parse_uint(text, 1 << 64) is None
+
+
+def test_parse_uint():
+    assert parse_uint("0", 5) == 0 and parse_uint("005", 5) == 5 and parse_uint("6", 5) is None
+    assert parse_uint("9" * 5000, 1 << 64) is None and parse_uint("", 5) is None
+    assert parse_uint("0" * 5000 + "7", 10) == 7
 
 
 @pytest.mark.parametrize("bad", ["20", "0", "-64", "64.5", "abc", "1e3"])

@@ -297,9 +297,38 @@ def test_newest_allocator_on_a_device_is_the_recorded_one():
     # record_trace keeps working alongside history
     assert [e["size"] for e in a1.take_trace() if e["action"] == "alloc"] == [1000, 2000]
     del a2
+    # a1 is live, so it is recorded again (issue 16.12: deleting the newest
+    # allocator on a device stopped recording for an older live one)
+    snap = history.snapshot()
+    assert snap["device_traces"][0] == []  # a2's history went with a2
+    assert {s["total_size"] for s in snap["segments"] if s["device"] == 0} == {2 * MiB}
+    p = a1.malloc(4000)
+    snap = history.snapshot()
+    assert [(e["action"], e["addr"], e["size"]) for e in snap["device_traces"][0]
+            if e["action"] == "alloc"] == [("alloc", p, 4000)]
+    del a1
     snap = history.snapshot()
     assert [s for s in snap["segments"] if s["device"] == 0] == []
     assert snap["device_traces"][:1] in ([], [[]])
+
+
+def test_allocators_detached_in_any_order_keep_the_newest_live_one_recorded():
+    history.record_memory_history()
+    allocs = [_C.Allocator(capacity=GiB) for _ in range(4)]
+    for k in (1, 3, 0):  # a middle one, the recorded one, the oldest
+        recorded = max(i for i, a in enumerate(allocs) if a is not None and i != k)
+        allocs[k] = None
+        p = allocs[recorded].malloc(1000 + recorded)
+        sizes = [e["size"] for e in history.snapshot()["device_traces"][0]
+                 if e["action"] == "alloc"]
+        assert sizes[-1] == 1000 + recorded, (k, sizes)
+        allocs[recorded].free(p)
+    history.record_memory_history(None)  # off and on again: the hook goes to the survivor
+    history.record_memory_history()
+    p = allocs[2].malloc(777)
+    assert [e["size"] for e in history.snapshot()["device_traces"][0]
+            if e["action"] == "alloc"] == [777]
+    allocs[2].free(p)
 
 
 def test_settings_appear_in_allocator_settings():

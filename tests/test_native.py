@@ -1,10 +1,12 @@
 """Compile and run the C tests of the allocator core (tests/c).
 
-Three builds, each into tests/c/build/<build>/ (git-ignored):
+Four builds, each into tests/c/build/<build>/ (git-ignored):
   normal    -O2 -DGM_DEBUG=1
   sanitize  ASan + UBSan (-O1 -g), leak detection on, UBSan fatal
   debug3    -O2 -DGM_DEBUG=3 (the core checks itself after every operation)
-Each build runs the unit tests and the stress test in several modes, on two
+  tsan      ThreadSanitizer (-O1 -g; it cannot be combined with ASan): only
+            the threaded unit tests (TSAN_TESTS), on both backends
+The first three run the unit tests and the stress test in several modes, on two
 backends (tests/c/testdev.h):
   sim   the simulated device (csrc/device/sim.c, sim_memory.c)
   cuda  the CUDA driver backend (csrc/device/cuda_backend.c, cuda_vmm.c) over
@@ -32,7 +34,6 @@ import glob
 import importlib.util
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,9 @@ import time
 
 import pytest
 
+import sanitized_ext
 from csrc_layers import layers
+from sanitized_ext import SANITIZER_MARKERS, find_cc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
@@ -62,22 +65,22 @@ SANITIZE = [
     "-fno-sanitize-recover=undefined",
     "-fno-omit-frame-pointer",
 ]
+TSAN = ["-fsanitize=thread", "-fno-omit-frame-pointer"]
 BUILDS = {
     "normal": {"cflags": ["-O2", "-DGM_DEBUG=1"], "ldflags": []},
     "sanitize": {"cflags": SANITIZE + ["-O1", "-g", "-DGM_DEBUG=1"], "ldflags": SANITIZE},
     "debug3": {"cflags": ["-O2", "-DGM_DEBUG=3"], "ldflags": []},
+    "tsan": {"cflags": TSAN + ["-O1", "-g", "-DGM_DEBUG=1"], "ldflags": TSAN},
 }
+#: The builds that run the whole unit and stress matrix.
+MATRIX_BUILDS = ("normal", "sanitize", "debug3")
+#: The unit tests with threads, which the tsan build runs (a name substring).
+TSAN_TESTS = "threads"
+TSAN_ENV = {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}
 SAN_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
 }
-SANITIZER_MARKERS = (
-    "ERROR: AddressSanitizer",
-    "ERROR: LeakSanitizer",
-    "WARNING: AddressSanitizer",
-    "runtime error:",
-    "SUMMARY: UndefinedBehaviorSanitizer",
-)
 CLOSING_LINE = re.compile(r"^(\d+) passed, (\d+) failed$", re.M)
 RUN_TIMEOUT = 900
 BACKENDS = ("sim", "cuda")
@@ -161,22 +164,6 @@ _fcb_spec = importlib.util.spec_from_file_location(
     "gpumem_tests_fakecuda_build", os.path.join(ROOT, "tests", "fakecuda", "build.py"))
 fakecuda_build = importlib.util.module_from_spec(_fcb_spec)
 _fcb_spec.loader.exec_module(fakecuda_build)
-_teb_spec = importlib.util.spec_from_file_location(
-    "gpumem_tests_ext_build", os.path.join(ROOT, "tests", "ext", "build.py"))
-testext_build = importlib.util.module_from_spec(_teb_spec)
-_teb_spec.loader.exec_module(testext_build)
-
-
-def find_cc():
-    """The C compiler as an argv prefix: $CC (which may carry flags), else cc, gcc or clang."""
-    env_cc = os.environ.get("CC", "").strip()
-    candidates = [shlex.split(env_cc)] if env_cc else []
-    candidates += [["cc"], ["gcc"], ["clang"]]
-    for argv in candidates:
-        path = shutil.which(argv[0])
-        if path:
-            return [path] + argv[1:]
-    return None
 
 
 CC = find_cc()
@@ -251,7 +238,7 @@ def build_fake(name):
     """The fake libcuda.so.1 for one build (the sanitize build's with the same
     sanitizer flags, so ASan sees the driver's memory too)."""
     if name not in _fakes:
-        flags = SANITIZE if name == "sanitize" else []
+        flags = {"sanitize": SANITIZE, "tsan": TSAN}.get(name, [])
         _fakes[name] = str(fakecuda_build.build_fakecuda(
             os.path.join(BUILD_ROOT, "fakecuda-" + name), flags))
     return _fakes[name]
@@ -272,6 +259,8 @@ def run_checked(build_name, argv, min_passed=1, env=None):
     env = dict(os.environ if env is None else env)
     if build_name == "sanitize":
         env.update(SAN_ENV)
+    elif build_name == "tsan":
+        env.update(TSAN_ENV)
     start = time.monotonic()
     p = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env,
                        stdin=subprocess.DEVNULL)
@@ -310,7 +299,7 @@ def _speed(fast):
 @pytest.mark.parametrize(
     "build_name,backend,mode",
     [pytest.param(b, be, m, id="%s-%s-%s" % (b, be, m), marks=_speed((b, be, m) in FAST_UNIT))
-     for b in BUILDS for be in BACKENDS for m in MODES],
+     for b in MATRIX_BUILDS for be in BACKENDS for m in MODES],
 )
 def test_c_unit(build_name, backend, mode):
     bins = build(build_name)
@@ -332,15 +321,29 @@ def test_c_unit(build_name, backend, mode):
     "build_name,backend,args,min_passed",
     [pytest.param(b, "sim", args, n, id="%s-%s" % (b, rid),
                   marks=_speed("%s-%s" % (b, rid) in FAST_STRESS))
-     for b in BUILDS for rid, args, n in STRESS_RUNS[b]]
+     for b in MATRIX_BUILDS for rid, args, n in STRESS_RUNS[b]]
     + [pytest.param(b, "cuda", args, n, id="%s-cuda-%s" % (b, rid), marks=pytest.mark.slow)
-       for b in BUILDS for rid, args, n in STRESS_RUNS_CUDA[b]],
+       for b in MATRIX_BUILDS for rid, args, n in STRESS_RUNS_CUDA[b]],
 )
 def test_c_stress(build_name, backend, args, min_passed):
     bins = build(build_name)
     out = run_checked(build_name, [bins["stress"], "--backend=" + backend] + args,
                       min_passed=min_passed, env=backend_env(build_name, backend))
     assert "stress: backend=%s " % backend in out
+
+
+@needs_cc
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_c_threads_under_tsan(backend):
+    """The core's threaded unit tests (workers on their own streams, a
+    checker walking the invariants meanwhile, empty_cache from one of them)
+    under ThreadSanitizer: any data race or lock-order inversion it reports
+    fails the run (halt_on_error)."""
+    bins = build("tsan")
+    argv = [bins["unit"], "--backend=" + backend, TSAN_TESTS]
+    out = run_checked("tsan", argv, min_passed=2, env=backend_env("tsan", backend))
+    assert "ok   threads_random_malloc_free_expandable" in out, out[-2000:]
 
 
 # ---- the extension under AddressSanitizer ----
@@ -416,48 +419,15 @@ def _have_python_sources():
 @needs_cc
 @pytest.mark.slow
 @pytest.mark.skipif(not _have_python_sources(), reason="csrc/python has no sources yet")
-def test_extension_under_asan(tmp_path):
+def test_extension_under_asan(tmp_path_factory):
     try:
         import setuptools  # noqa: F401
     except ImportError:
         pytest.skip("setuptools is not installed in this interpreter")
-    lib = tmp_path / "lib"
-    env = dict(os.environ, GM_SANITIZE="1")
-    env.pop("GM_DEBUG", None)
-    p = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(lib),
-         "--build-temp", str(tmp_path / "tmp")],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    assert p.returncode == 0, "sanitized extension build failed:\n%s%s" % (p.stdout, p.stderr[-6000:])
-    sos = glob.glob(str(lib / "gpumem" / "_C*.so"))
-    assert sos, "no gpumem/_C*.so under %s" % lib
-    # The package's Python files next to the sanitized module, so that
-    # `import gpumem._C` finds this build and nothing else.
-    for py in glob.glob(os.path.join(ROOT, "gpumem", "*.py")):
-        shutil.copy(py, str(lib / "gpumem"))
-    init = lib / "gpumem" / "__init__.py"
-    if not init.exists():
-        init.write_text("")
-    # The test-only extension, with the same sanitizers, by the same compiler.
-    testext_so = testext_build.build(tmp_path / "testext", testext_build.SANITIZE, cc=CC)
-    libasan = subprocess.run(CC + ["-print-file-name=libasan.so"], capture_output=True,
-                             text=True).stdout.strip()
-    assert os.path.isabs(libasan) and os.path.exists(libasan), (
-        "the compiler does not know where libasan.so is: %r" % libasan)
-    run_env = dict(os.environ)
-    run_env.pop("PYTHONPATH", None)
-    run_env.update(
-        GM_TESTEXT_SO=str(testext_so),
-        LD_PRELOAD=libasan,
-        ASAN_OPTIONS="detect_leaks=0",
-        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
-    )
+    lib, run_env = sanitized_ext.built(tmp_path_factory)
     p = subprocess.run([sys.executable, "-c", SMOKE], cwd=str(lib), capture_output=True,
                        text=True, env=run_env, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
     out = p.stdout + p.stderr
-    for marker in SANITIZER_MARKERS:
-        assert marker not in out, "sanitizer report in the extension smoke run:\n%s" % out[-8000:]
+    sanitized_ext.assert_clean(out, "the extension smoke run")
     assert p.returncode == 0 and "TESTEXT OK" in p.stdout and "SMOKE OK" in p.stdout, (
         "extension smoke run failed (%d):\n%s" % (p.returncode, out[-8000:]))

@@ -165,6 +165,8 @@ def test_rank_goes_into_every_file_name(tmp_path, monkeypatch):
     assert R.rank_path("/x/memory.pickle") == "/x/memory.pickle"
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert R.current_rank() == 1
+    monkeypatch.setenv("RANK", "²")             # not a number: ignored, not a ValueError
+    assert R.current_rank() == 1
     monkeypatch.setenv("RANK", "3")             # the global rank wins
     assert R.rank_path("/x/memory.pickle") == "/x/memory_rank3.pickle"
     assert R.rank_path("/x/memory") == "/x/memory_rank3"
@@ -278,6 +280,10 @@ def test_env_recording_defaults_and_keeps_a_recording_already_on(tmp_path, monke
     ("stacks:cpp", "bad value 'cpp' for stacks"),
     ("max_entries:0", "bad value '0' for max_entries"),
     ("max_entries:many", "bad value 'many' for max_entries"),
+    # issue 16.10: str.isdigit() accepted these, then int() raised ValueError
+    ("max_entries:²", "bad value '²' for max_entries"),
+    ("max_entries:٣", "bad value '٣' for max_entries"),
+    pytest.param("max_entries:" + "9" * 5000, "bad value '99999", id="max_entries:9x5000"),
     ("depth:3", "unknown entry 'depth:3'"),
 ])
 def test_env_recording_rejects_bad_settings_in_one_line(text, words, tmp_path, monkeypatch):

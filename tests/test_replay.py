@@ -274,6 +274,43 @@ def test_capacity_grows_with_the_trace(monkeypatch):
     assert fake.calls[-1][4] == 1 * GiB and fake.calls[-1][6] == {"granularity": 4096}
 
 
+def test_capacity_stays_within_what_the_simulated_device_can_be(monkeypatch):
+    fake = _FakeC()
+    monkeypatch.setattr(replay_mod, "_import_c", lambda: fake)
+    trace = [alloc(0x1000 + i * (1 << 40), 1 << 62) for i in range(8)]  # a peak of 2**65
+    replay_snapshot(snapshot([trace]))
+    assert fake.calls[-1][4] == replay_mod.MAX_CAPACITY
+
+
+def test_requests_no_allocator_serves_are_refused_as_corrupt():
+    """Issue 16.8: a trace size of 2**63 made replay exit 1 (the core's
+    EINVAL); it is bad input, refused with one sentence naming the entry."""
+    _c_module()
+    for size in ((1 << 62) + 1, 1 << 63, (1 << 64) - 1):
+        for trace in ([alloc(0xA000, size)], [fdone(0xA000, size)],
+                      [alloc(0xB000, 512), freq(0xA000, size)]):
+            with pytest.raises(SnapshotError, match=r"t\.pkl: device_traces\[0\]\[\d\] asks "
+                                                    r"for \d+ bytes, more than any allocator"):
+                replay_snapshot(snapshot([trace]), file="t.pkl")
+        segs = [segment(0, 0x1000, [(size, "active_allocated", 0)])]
+        with pytest.raises(SnapshotError, match="a block at 0x1000 of device 0's segments"):
+            replay_snapshot(snapshot([[alloc(0xA000, 512)]], segs))
+    row = replay_snapshot(snapshot([[alloc(0xA000, 1 << 62)]]))["devices"][0]
+    assert row["replay_ooms"] == 1  # the largest request there is: replayed, and OOM
+
+
+def test_the_top_address_is_an_address_like_any_other():
+    """2**64 - 1 was the one trace address the replayer's map could not hold
+    (its key wrapped to the map's empty key): 'out of host memory'."""
+    _c_module()
+    top = (1 << 64) - 1
+    trace = [alloc(top, 4096, stream=-(1 << 63)), fdone(top, 4096), alloc(top, 8192),
+             alloc(top, 512), fdone(top, 512)]
+    row = replay_snapshot(snapshot([trace]))["devices"][0]
+    assert row["unknown_frees"] == 0 and row["allocated_end"] == 0, row
+    assert row["ops"] == 6 and row["implicit_frees"] == 1
+
+
 def test_snapshot_without_trace_is_a_note_not_an_error(monkeypatch):
     monkeypatch.setattr(replay_mod, "_import_c", lambda: pytest.fail("nothing to replay"))
     segs = [segment(0, 0x1000, [(512, "active_allocated", 512)])]

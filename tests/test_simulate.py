@@ -19,7 +19,6 @@ import pytest
 from gpumem import simulate
 from test_torch_common import _env, built_shim
 
-pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 
 GiB = 1 << 30
 
@@ -35,6 +34,7 @@ def run_simulate(tmp_path, script, *args, expect_rc=0):
     return proc
 
 
+@pytest.mark.slow
 def test_uncaught_oom_does_not_fit_and_leaves_its_snapshot(tmp_path):
     built_shim()
     proc = run_simulate(tmp_path, '''
@@ -65,6 +65,7 @@ def test_uncaught_oom_does_not_fit_and_leaves_its_snapshot(tmp_path):
     assert row["peak_allocated"] == GiB and row["num_ooms"] == 1
 
 
+@pytest.mark.slow
 def test_exit_status_is_the_scripts_and_json_report(tmp_path):
     built_shim()
     proc = run_simulate(tmp_path, '''
@@ -82,12 +83,58 @@ def test_exit_status_is_the_scripts_and_json_report(tmp_path):
     assert json.loads(no_torch.stdout)["fits_reason"] == "the command never imported torch"
 
 
+@pytest.mark.parametrize("var, value, words", [
+    ("GPUMEM_ALLOC_CONF", "expandable_segments:Maybe", "GPUMEM_ALLOC_CONF='expandable_segments"),
+    ("GPUMEM_ALLOC_CONF", "max_split_size_mb:8796093022208", "below 2**43"),
+    ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:10", "PYTORCH_CUDA_ALLOC_CONF="),
+    ("GPUMEM_OOM_RECORDING", "max_entries:²", "GPUMEM_OOM_RECORDING: bad value"),
+])
+def test_settings_install_would_refuse_are_refused_before_running(tmp_path, monkeypatch, capsys,
+                                                                   var, value, words):
+    """Issue 16.11: with a bad GPUMEM_ALLOC_CONF the script ran on torch's
+    allocator, simulate exited 0 and said "the command never imported torch"."""
+    for k in ("GPUMEM_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+              "GPUMEM_OOM_RECORDING", "GPUMEM_OOM_SNAPSHOT"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv(var, value)
+    marker = tmp_path / "ran"
+    rc = simulate.main(["--out", str(tmp_path / "out"), "--", sys.executable, "-c",
+                        f"open({str(marker)!r}, 'w').close()"])
+    err = capsys.readouterr().err
+    assert rc == 2 and not marker.exists(), (rc, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpumem: error: "), lines
+    assert words in lines[0] and "nothing was run" in lines[0], lines[0]
+
+
+@pytest.mark.slow
+def test_a_process_gpumem_cannot_be_installed_in_fails_the_run(tmp_path):
+    """When install() fails in the child anyway (here: no shim, and building
+    it is forbidden), the report names the process and the run fails."""
+    built_shim()
+    path = tmp_path / "script.py"
+    path.write_text("import torch\nx = torch.ones(4, device='cuda')\nprint('ran')\n")
+    env = _env({"GPUMEM_CACHE_DIR": str(tmp_path / "empty-cache"), "GPUMEM_SHIM_BUILD": "0"})
+    proc = subprocess.run([sys.executable, "-m", "gpumem.simulate", "--out", str(tmp_path / "out"),
+                           "--json", "--", sys.executable, str(path)], capture_output=True,
+                          text=True, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-3000:])
+    report = json.loads(proc.stdout.split("ran\n", 1)[1])
+    assert report["unrecorded"] == 1 and report["fits"] is None
+    assert "could not be installed" in report["fits_reason"]
+    assert "gpumem could not be installed" in report["errors"][0]
+    assert proc.stderr.splitlines()[-1].startswith("gpumem: error: gpumem could not be installed")
+
+
 def test_usage_errors(capsys):
     assert simulate.main([]) == 2
     assert "no command given" in capsys.readouterr().err
     assert simulate.main(["--memory", "lots", "--", "python", "x.py"]) == 2
     assert "bad memory size 'lots'" in capsys.readouterr().err
     assert simulate.main(["--max-entries", "0", "--", "python", "x.py"]) == 2
+    for size in ("9" * 5000 + "GiB", "٣GiB"):  # int() would raise, or take Arabic digits
+        assert simulate.main(["--memory", size, "--", "python", "x.py"]) == 2
+        assert "bad memory size" in capsys.readouterr().err
 
 
 def test_module_has_what_cli_needs():

@@ -53,6 +53,30 @@ def test_install_twice_and_patches_reverse():
     assert o["allocated"] > 0
 
 
+def test_memory_functions_refuse_a_device_that_does_not_exist():
+    """Issue 16.12: memory_stats(7) on a one-device run gave zeros; torch
+    raises "Invalid device argument", and so does gpumem now."""
+    o = run_gm('''
+        x = torch.ones(4, device="cuda")
+        out = {}
+        for name in ("memory_stats", "memory_allocated", "max_memory_reserved",
+                     "reset_peak_memory_stats", "reset_accumulated_memory_stats",
+                     "memory_summary"):
+            for dev in (7, 1, -2, "cuda:3"):
+                try:
+                    getattr(torch.cuda, name)(dev)
+                    out[f"{name}({dev})"] = "no error"
+                except RuntimeError as e:
+                    out[f"{name}({dev})"] = str(e)
+        emit({"errors": out, "ok": torch.cuda.memory_stats(0)["allocated_bytes.all.current"],
+              "current": torch.cuda.memory_allocated()})
+    ''')
+    for call, err in o["errors"].items():
+        assert err.startswith("Invalid device argument "), (call, err)
+        assert err.split()[3].rstrip(":") in ("7", "1", "-2", "3"), (call, err)
+    assert o["ok"] == o["current"] == 512
+
+
 def test_install_after_a_cuda_tensor_exists():
     o = run_gm('''
         x = torch.ones(4, device="cuda")
@@ -78,6 +102,9 @@ def test_install_after_a_cuda_tensor_exists():
     ("max_split_size_mb:10", ["max_split_size_mb", "10"]),
     ("garbage_collection_threshold:1.5", ["garbage_collection_threshold"]),
     ("roundup_power2_divisions:3", ["roundup_power2_divisions"]),
+    # issue 16.9: OverflowError at install(), and 2**40 divisions silently read as 0
+    ("max_split_size_mb:8796093022208", ["max_split_size_mb", "8796093022208"]),
+    ("roundup_power2_divisions:1099511627776", ["roundup_power2_divisions", "1099511627776"]),
     ("expandable_segments:True,release_lock_on_cudamalloc:True", ["release_lock_on_cudamalloc"]),
     ("foo:1", ["'foo'"]),
 ])

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import gpumem._unpickle as unpickle_mod
-from gpumem._unpickle import SnapshotError, load_snapshot, loads_snapshot, normalize_snapshot
+from gpumem._unpickle import (Limits, SnapshotError, load_snapshot, loads_snapshot,
+                              normalize_snapshot)
 
 SNAPSHOTS = Path(__file__).parent.parent.parent / "shared" / "snapshots"
 REAL = sorted(SNAPSHOTS.glob("*.pickle")) if SNAPSHOTS.is_dir() else []
@@ -361,5 +362,164 @@ def test_oom_entries_with_an_addr_and_allocs_with_device_free_are_checked_too():
     with pytest.raises(SnapshotError, match="device_free"):
         normalize_snapshot({"segments": [], "device_traces": [trace]})
     oom = {"action": "oom", "device_free": 5, "size": 512, "stream": 0, "addr": -1}
-    with pytest.raises(SnapshotError, match="'addr' = -1"):
+    with pytest.raises(SnapshotError, match="negative 'addr' \\(-1\\)"):
         normalize_snapshot({"segments": [], "device_traces": [[oom]]})
+
+
+# ------------------------------------------- hostile files (Note [Hostile snapshots])
+
+def test_only_regular_files_are_read(tmp_path):
+    """Issue 16.7: a FIFO with no writer hung in open(), /dev/zero grew
+    without bound.  Both are refused before they are opened."""
+    fifo = tmp_path / "fifo.pickle"
+    os.mkfifo(fifo)
+    with pytest.raises(SnapshotError) as ei:
+        load_snapshot(fifo)
+    assert _message(ei) == (f"{fifo} is a FIFO, not a regular file; gpumem reads snapshots "
+                            f"only from regular files (copy the data into one)")
+    for dev in ("/dev/zero", "/dev/null"):
+        with pytest.raises(SnapshotError, match="is a character device, not a regular file"):
+            load_snapshot(dev)
+    link = tmp_path / "link.pickle"
+    os.symlink(fifo, link)
+    with pytest.raises(SnapshotError, match="is a FIFO"):
+        load_snapshot(link)
+
+
+def test_files_are_read_with_a_size_bound(tmp_path):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(_snapshot(), protocol=4))
+    size = path.stat().st_size
+    assert load_snapshot(path, Limits(max_bytes=size)) == _snapshot()
+    with pytest.raises(SnapshotError) as ei:
+        load_snapshot(path, Limits(max_bytes=size - 1))
+    assert _message(ei) == (f"{path} is larger than {size - 1} bytes, the most gpumem reads; "
+                            f"if it is a genuine snapshot, raise the limit with --max-bytes")
+    sparse = tmp_path / "sparse.pickle"
+    with open(sparse, "wb") as f:
+        f.truncate(unpickle_mod.MAX_BYTES + 1)
+    with pytest.raises(SnapshotError, match="is larger than 2147483648 bytes"):
+        load_snapshot(sparse)  # refused from its size: nothing is read
+    with pytest.raises(SnapshotError, match="not a pickle file"):
+        load_snapshot("/proc/self/status")  # regular, size 0, and read to its end
+
+
+def test_memo_index_bombs_are_refused_before_unpickling():
+    """Issue 16.6: 9 bytes that store to memo index 2**29 made the C
+    unpickler allocate 8 GB before failing."""
+    bomb = b"\x80\x02Nr" + (1 << 29).to_bytes(4, "little") + b"."
+    assert len(bomb) == 9
+    with pytest.raises(SnapshotError) as ei:
+        loads_snapshot(bomb, name="m.pickle")
+    assert _message(ei) == (
+        "m.pickle is corrupt: at byte 3 it stores to memo entry 536870912 after only 0 stores "
+        "(no pickler numbers them so; unpickling it would allocate memory for every entry in "
+        "between); re-dump the snapshot")
+    for data in (b"\x80\x02Np1000000000000\n.", b"\x80\x02Np1_000_000_000\n.",
+                 b"\x80\x02Nr\xff\xff\xff\xff."):
+        with pytest.raises(SnapshotError, match="stores to memo entry"):
+            loads_snapshot(data)
+    good = pickle.dumps(_snapshot(), protocol=2)  # BINPUT/LONG_BINPUT, numbered from 0
+    assert loads_snapshot(good) == _snapshot()
+    assert loads_snapshot(pickletools.optimize(good)) == _snapshot()
+    with pytest.raises(SnapshotError, match="at byte 3 it stores to memo entry 1073741824"):
+        loads_snapshot(good[:2] + b"Nr" + (1 << 30).to_bytes(4, "little") + b"0" + good[2:])
+
+
+def test_the_memo_scan_agrees_with_every_pickler():
+    from gpumem._pickle_scan import memo_bomb
+    objs = [_snapshot(), {"s": ["x%d" % (i % 300) for i in range(5000)],
+                          "l": [[i] * 3 for i in range(3000)], "f": 1.5, "b": b"\x00" * 300,
+                          "t": (1, (2, 3)), "big": 1 << 3000, "neg": -(1 << 70)}]
+    for obj in objs:
+        for protocol in (2, 3, 4, 5):
+            data = pickle.dumps(obj, protocol=protocol)
+            assert memo_bomb(data) is None and memo_bomb(pickletools.optimize(data)) is None
+
+
+def _shared(n_lists: int, per_list: int) -> bytes:
+    entry = {"action": "alloc", "addr": 4096, "size": 512, "stream": 0}
+    return pickle.dumps({"segments": [], "device_traces": [[entry] * per_list] * n_lists},
+                        protocol=4)
+
+
+def test_shared_reference_bombs_are_refused_from_list_lengths():
+    """Issue 16.5: a 202 KB pickle holding 10**8 trace entries ran past 60 s;
+    100 segments sharing 100,000 blocks reached 1.4 GB."""
+    import time
+    bomb = _shared(1000, 100_000)
+    assert len(bomb) < 250_000
+    start = time.monotonic()
+    with pytest.raises(SnapshotError) as ei:
+        loads_snapshot(bomb, name="b.pickle")
+    assert time.monotonic() - start < 2
+    assert _message(ei).startswith(
+        f"b.pickle holds more than 250,000 segments, blocks and trace entries (counting each "
+        f"reference to a shared list), more than a recorder writes into {len(bomb):,} bytes "
+        f"(one per 8 bytes, at least 250,000): its lists repeat the same objects; if the file is "
+        f"genuine, raise the limit with --max-records")
+    block = {"size": 512, "state": "inactive"}
+    seg = {"device": 0, "address": 0, "total_size": 512 * 100_000, "blocks": [block] * 100_000}
+    with pytest.raises(SnapshotError, match="holds more than 250,000"):
+        loads_snapshot(pickle.dumps([seg] * 100, protocol=4))
+
+
+def test_the_records_limit_follows_the_file_and_can_be_raised():
+    under = _shared(1, 200_000)  # under the floor: loaded (each shared entry checked once)
+    assert len(loads_snapshot(under)["device_traces"][0]) == 200_000
+    over = _shared(1, 300_000)
+    assert unpickle_mod.records_limit(len(over)) == 250_000
+    with pytest.raises(SnapshotError, match="holds more than 250,000"):
+        loads_snapshot(over)
+    assert len(loads_snapshot(over, limits=Limits(max_records=300_000))["device_traces"][0]) \
+        == 300_000
+    with pytest.raises(SnapshotError) as ei:
+        loads_snapshot(pickle.dumps(_snapshot()), name="s", limits=Limits(max_records=3))
+    assert _message(ei) == ("s holds more than 3 segments, blocks and trace entries (counting "
+                            "each reference to a shared list), the limit set by --max-records")
+    assert unpickle_mod.records_limit(80 << 20) == 10 << 20  # one per 8 bytes
+    # a dict built in memory is not a file: no records limit
+    big = {"device_traces": [[{"action": "free", "addr": 1, "size": 1}] * 300_000]}
+    assert normalize_snapshot(big)["device_traces"] == big["device_traces"]
+
+
+@pytest.mark.parametrize("value", [10 ** 5000, -(10 ** 5000), 1 << 64, -(1 << 64)],
+                         ids=["5000-digits", "minus-5000-digits", "2^64", "minus-2^64"])
+@pytest.mark.parametrize("where", [("segments", 0, "address"), ("segments", 0, "stream"),
+                                   ("segments", 0, "blocks", 0, "size"),
+                                   ("device_traces", 0, 1, "size"),
+                                   ("device_traces", 0, 2, "device_free")])
+def test_integers_that_do_not_fit_in_64_bits_are_one_sentence(where, value):
+    """Issue 16.8: a 5000-digit integer made the error path's str() raise."""
+    snap = _snapshot()
+    obj = snap
+    for k in where[:-1]:
+        obj = obj[k]
+    obj[where[-1]] = value
+    with pytest.raises(SnapshotError) as ei:
+        loads_snapshot(pickle.dumps(snap), name="n.pickle")
+    msg = _message(ei)
+    assert len(msg) < 300 and (("does not fit in 64 bits" in msg) or "negative" in msg), msg
+    if abs(value) > 1 << 80:
+        assert "an integer of about 5001 digits" in msg, msg
+
+
+def test_short_int():
+    assert unpickle_mod.short_int(12345) == "12345"
+    assert unpickle_mod.short_int(-(1 << 64)) == str(-(1 << 64))
+    assert unpickle_mod.short_int(10 ** 5000) == "(an integer of about 5001 digits)"
+    assert unpickle_mod.short_int(-(10 ** 5000)) == "-(an integer of about 5001 digits)"
+
+
+def test_a_persistent_id_is_named_without_its_repr():
+    value = ["x"] * 10
+    for _ in range(9):
+        value = [value] * 10  # repr(value) would be 10**10 characters
+
+    class P(pickle.Pickler):
+        def persistent_id(self, obj):
+            return value if obj == "marker" else None
+    buf = __import__("io").BytesIO()
+    P(buf, protocol=2).dump({"segments": ["marker"]})
+    with pytest.raises(SnapshotError, match=r"persistent id <list>\)"):
+        loads_snapshot(buf.getvalue())

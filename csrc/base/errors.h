@@ -26,6 +26,10 @@ enum {
     GM_ESTATE = -9       /* operation not valid in the current state */
 };
 
+/* 1 if rc is 0 or one of the codes above: all that a function of core/ or
+ * device/ may return. */
+static inline int gm_is_code(int rc) { return rc <= GM_OK && rc >= GM_ESTATE; }
+
 const char *gm_strerror(int code);
 
 #ifdef __cplusplus

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devcall.h"
 #include "events.h"
 #include "expandable.h"
 #include "pool.h"
@@ -27,7 +28,7 @@ int gm_alloc_create(const gm_backend_t *be, int device, const gm_settings_t *set
     if (gm_settings_validate(&s, NULL, 0))
         return GM_EINVAL;
     size_t g = 0;
-    int rc = be->vmm_granularity ? be->vmm_granularity(be->ctx, device, &g) : GM_ENOTSUP;
+    int rc = gm_dev_granularity(be, device, &g);
     if (rc != GM_OK && rc != GM_ENOTSUP)
         return rc; /* a device error, not a missing feature: do not silently fall back */
     gm_alloc_t *a = calloc(1, sizeof *a);
@@ -62,7 +63,7 @@ static void release_everything(gm_alloc_t *a) {
             size_t size = 0;
             for (gm_block_t *x = b; x; x = x->next)
                 size += x->size;
-            a->be->seg_free(a->be->ctx, a->device, b->ptr, size);
+            gm_dev_seg_free(a, b->ptr, size);
         }
         for (size_t i = 0; i < l.n; i++) {
             if (l.v[i]->in_tree != GM_IN_NONE)
@@ -90,8 +91,7 @@ void gm_alloc_destroy(gm_alloc_t *a) {
 int gm_alloc_device(const gm_alloc_t *a) { return a->device; }
 
 const char *gm_alloc_last_error(const gm_alloc_t *a) {
-    const char *e = a->be->last_error ? a->be->last_error(a->be->ctx) : NULL;
-    return e ? e : "";
+    return gm_dev_last_error(a->be);
 }
 
 int gm_alloc_set_settings(gm_alloc_t *a, const gm_settings_t *s) {
@@ -122,7 +122,7 @@ int gm_alloc_set_memory_fraction(gm_alloc_t *a, double fraction) {
         return GM_EINVAL;
     gm_lock(a);
     size_t dev_free = 0, dev_total = 0;
-    int rc = a->be->mem_get_info(a->be->ctx, a->device, &dev_free, &dev_total);
+    int rc = gm_dev_mem_get_info(a, &dev_free, &dev_total);
     if (rc == GM_OK) {
         a->allowed_memory_maximum = (size_t)(fraction * (double)dev_total);
         a->set_fraction = 1;

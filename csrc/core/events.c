@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devcall.h"
 #include "pool.h"
 #include "stats.h"
 
@@ -80,7 +81,7 @@ static int event_get(gm_alloc_t *a, uintptr_t *ev) {
         *ev = a->events.pool[--a->events.n_pool];
         return GM_OK;
     }
-    return a->be->event_create(a->be->ctx, a->device, ev);
+    return gm_dev_event_create(a, ev);
 }
 
 static void event_put(gm_alloc_t *a, uintptr_t ev) {
@@ -88,7 +89,7 @@ static void event_put(gm_alloc_t *a, uintptr_t ev) {
         size_t cap = a->events.cap_pool ? a->events.cap_pool * 2 : 16;
         uintptr_t *p = realloc(a->events.pool, cap * sizeof *p);
         if (!p) {
-            a->be->event_destroy(a->be->ctx, a->device, ev);
+            gm_dev_event_destroy(a, ev);
             return;
         }
         a->events.pool = p;
@@ -105,14 +106,14 @@ static int insert_event(gm_alloc_t *a, gm_block_t *b, uintptr_t stream) {
     gm_event_queue_t *q = queue_for(a, stream);
     int rc = q ? event_get(a, &ev) : GM_ENOMEM;
     if (rc == GM_OK) {
-        rc = a->be->event_record(a->be->ctx, a->device, ev, stream);
+        rc = gm_dev_event_record(a, ev, stream);
         if (rc == GM_OK && (rc = queue_push(q, ev, b)) == GM_OK) {
             b->event_count++;
             return GM_OK;
         }
         event_put(a, ev);
     }
-    return a->be->stream_synchronize(a->be->ctx, a->device, stream);
+    return gm_dev_stream_synchronize(a, stream);
 }
 
 /* Move the block's stream uses into recorded events. A use that could be
@@ -145,7 +146,7 @@ int gm_events_poll_unlocked(gm_alloc_t *a, uint32_t ctx) {
         gm_event_queue_t *q = &a->events.queues[i];
         while (q->len) {
             gm_event_item_t it = q->items[q->head];
-            int rc = a->be->event_query(a->be->ctx, a->device, it.event);
+            int rc = gm_dev_event_query(a, it.event);
             if (rc == GM_ENOTREADY)
                 break;
             if (rc)
@@ -164,7 +165,7 @@ int gm_events_sync_all_unlocked(gm_alloc_t *a, uint32_t ctx) {
         gm_event_queue_t *q = &a->events.queues[i];
         while (q->len) {
             gm_event_item_t it = q->items[q->head];
-            int rc = a->be->event_synchronize(a->be->ctx, a->device, it.event);
+            int rc = gm_dev_event_synchronize(a, it.event);
             if (rc)
                 return rc;
             q->head = (q->head + 1) % q->cap;
@@ -180,7 +181,7 @@ void gm_events_destroy_unlocked(gm_alloc_t *a) {
         gm_event_queue_t *q = &a->events.queues[i];
         for (size_t k = 0; k < q->len; k++) {
             gm_event_item_t *it = &q->items[(q->head + k) % q->cap];
-            a->be->event_destroy(a->be->ctx, a->device, it->event);
+            gm_dev_event_destroy(a, it->event);
             it->block->event_count--;
         }
         free(q->items);
@@ -189,7 +190,7 @@ void gm_events_destroy_unlocked(gm_alloc_t *a) {
     a->events.queues = NULL;
     a->events.n_queues = a->events.cap_queues = 0;
     for (size_t i = 0; i < a->events.n_pool; i++)
-        a->be->event_destroy(a->be->ctx, a->device, a->events.pool[i]);
+        gm_dev_event_destroy(a, a->events.pool[i]);
     free(a->events.pool);
     a->events.pool = NULL;
     a->events.n_pool = a->events.cap_pool = 0;

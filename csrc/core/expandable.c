@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devcall.h"
 #include "pool.h"
 #include "stats.h"
 #include "trace.h"
@@ -60,7 +61,7 @@ static gm_block_t *find_expandable_block(gm_alloc_t *a, uintptr_t stream, gm_poo
             return c;
     }
     size_t dev_free = 0, dev_total = 0;
-    if ((*rc = a->be->mem_get_info(a->be->ctx, a->device, &dev_free, &dev_total)))
+    if ((*rc = gm_dev_mem_get_info(a, &dev_free, &dev_total)))
         return NULL;
     size_t g = a->granularity;
     size_t va_size = (dev_total + dev_total / 8 + g - 1) / g * g;
@@ -82,7 +83,7 @@ static gm_block_t *find_expandable_block(gm_alloc_t *a, uintptr_t stream, gm_poo
         *rc = GM_ENOMEM;
         return NULL;
     }
-    if ((*rc = a->be->va_reserve(a->be->ctx, a->device, va_size, g, &es->va))) {
+    if ((*rc = gm_dev_va_reserve(a, va_size, g, &es->va))) {
         free(es->mapped);
         free(es);
         gm_block_delete_unlocked(a, c);
@@ -112,7 +113,7 @@ static int map_block(gm_alloc_t *a, gm_block_t *to_map, size_t size, uint32_t ct
         !(rem = gm_block_new_unlocked(a, to_map->ptr + mapped, to_map->size - mapped,
                                       to_map->stream, to_map->pool, es, 0)))
         return GM_ENOMEM;
-    int rc = a->be->map(a->be->ctx, a->device, range, mapped);
+    int rc = gm_dev_map(a, range, mapped);
     if (rc) {
         if (rem)
             gm_block_delete_unlocked(a, rem);
@@ -185,11 +186,9 @@ static int unmap_part(gm_alloc_t *a, gm_block_t *b, size_t max_granules, uint32_
         return GM_ENOMEM;
     }
     /* Unmapping does not wait for the GPU: finish the stream's work first. */
-    int rc = GM_OK;
-    if (a->be->stream_synchronize)
-        rc = a->be->stream_synchronize(a->be->ctx, a->device, b->stream);
-    if (rc == GM_OK)
-        rc = a->be->unmap(a->be->ctx, a->device, range, size);
+    int rc = gm_dev_stream_synchronize(a, b->stream);
+    if (rc == GM_OK || rc == GM_ENOTSUP) /* no stream_synchronize: nothing to wait for */
+        rc = gm_dev_unmap(a, range, size);
     if (rc) {
         if (bf)
             gm_block_delete_unlocked(a, bf);
@@ -278,7 +277,7 @@ static void unlink_expseg(gm_alloc_t *a, gm_expseg_t *es) {
 int gm_expandable_release_unlocked(gm_alloc_t *a, gm_block_t *b) {
     gm_expseg_t *es = b->expseg;
     GM_ASSERT(!b->mapped && !b->prev && !b->next, "releasing a range that is not wholly unmapped");
-    int rc = a->be->va_free(a->be->ctx, a->device, es->va, es->va_size);
+    int rc = gm_dev_va_free(a, es->va, es->va_size);
     if (rc)
         return rc;
     gm_pool_remove_unlocked(b);
@@ -305,8 +304,8 @@ void gm_expandable_destroy_unlocked(gm_alloc_t *a) {
         a->expsegs = es->next_seg;
         for (size_t k = 0; k < es->n_granules; k++)
             if (es->mapped[k])
-                a->be->unmap(a->be->ctx, a->device, es->va + k * es->granule, es->granule);
-        a->be->va_free(a->be->ctx, a->device, es->va, es->va_size);
+                gm_dev_unmap(a, es->va + k * es->granule, es->granule);
+        gm_dev_va_free(a, es->va, es->va_size);
         free(es->mapped);
         free(es);
     }

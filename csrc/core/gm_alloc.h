@@ -33,6 +33,7 @@ extern "C" {
 #define GM_LARGE_BUFFER ((size_t)20 << 20)
 #define GM_ROUND_LARGE ((size_t)2 << 20)
 #define GM_ROUNDUP_INTERVALS 16 /* 1 MiB, 2 MiB, ... 32 GiB and above */
+#define GM_MAX_REQUEST ((size_t)1 << 62)     /* larger requests are GM_EINVAL */
 
 typedef struct gm_settings {
     int expandable_segments;             /* 0/1 */

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "devcall.h"
 #include "events.h"
 #include "expandable.h"
 #include "pool.h"
@@ -128,7 +129,7 @@ int gm_alloc_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t 
     *out_ptr = 0;
     if (orig_size == 0)
         return GM_OK; /* like torch: a zero-size request gets no memory */
-    if (orig_size > ((size_t)1 << 62))
+    if (orig_size > GM_MAX_REQUEST)
         return GM_EINVAL;
     gm_lock(a);
     int rc = gm_events_process_unlocked(a, ctx);
@@ -152,7 +153,7 @@ int gm_alloc_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t 
     }
     if (!found) {
         size_t dev_free = 0, dev_total = 0;
-        a->be->mem_get_info(a->be->ctx, a->device, &dev_free, &dev_total);
+        gm_dev_mem_get_info(a, &dev_free, &dev_total);
         gm_trace_unlocked(a, GM_ACT_OOM, dev_free, r.size, stream, ctx);
         gm_stats_oom(a);
         if (oom)

@@ -8,6 +8,7 @@
  */
 #include "segment.h"
 
+#include "devcall.h"
 #include "pool.h"
 #include "sizes.h"
 #include "stats.h"
@@ -16,14 +17,14 @@
 int gm_segment_alloc_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_t size,
                               uint32_t ctx, gm_block_t **out) {
     uintptr_t ptr = 0;
-    int rc = a->be->seg_alloc(a->be->ctx, a->device, size, &ptr);
+    int rc = gm_dev_seg_alloc(a, size, &ptr);
     if (rc == GM_EOOM)
         return 0;
     if (rc)
         return rc;
     gm_block_t *b = gm_block_new_unlocked(a, ptr, size, stream, pool, NULL, 1);
     if (!b) {
-        a->be->seg_free(a->be->ctx, a->device, ptr, size);
+        gm_dev_seg_free(a, ptr, size);
         return GM_ENOMEM;
     }
     b->seg.ctx = ctx;
@@ -36,7 +37,7 @@ int gm_segment_alloc_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, 
 
 int gm_segment_release_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
     GM_ASSERT(gm_segment_is_releasable(b) && gm_block_is_free(b), "releasing a segment in use");
-    int rc = a->be->seg_free(a->be->ctx, a->device, b->ptr, b->size);
+    int rc = gm_dev_seg_free(a, b->ptr, b->size);
     if (rc)
         return rc;
     gm_trace_unlocked(a, GM_ACT_SEGMENT_FREE, b->ptr, b->size, b->stream, ctx ? ctx : b->seg.ctx);

@@ -15,6 +15,9 @@
  *   - A backend keeps its last native error text; last_error() returns it.
  *   - Backends are called with the allocator lock held. They must not call
  *     back into the allocator and must not take the GIL.
+ * The core holds a backend to these rules without trusting it: every call
+ * goes through core/devcall.h, where a positive or unknown code, or a
+ * success that hands back no address, becomes GM_EDEVICE.
  * Addresses, streams and events are plain integers (uintptr_t): a stream is
  * the cudaStream_t value, 0 for the default stream.
  */

@@ -66,14 +66,17 @@ int gm_hist_stacks_all(void);
 
 /* Register allocator `a` for its device (gm_alloc_device). A later
  * allocator on the same device takes the slot over: the earlier one stops
- * being recorded and that device's ring is cleared. `chain`, if not NULL, is
+ * being recorded and that device's ring is cleared; when the later one is
+ * detached, the earlier one (if still registered) is recorded again, from an
+ * empty ring. `chain`, if not NULL, is
  * a trace hook that keeps receiving every event of `a` (history owns the
  * core's single hook slot from now on). Returns GM_EINVAL for a device
  * outside [0, GM_HIST_MAX_DEVICES) (the chain hook is installed anyway). */
 int gm_hist_attach(gm_alloc_t *a, gm_trace_fn chain, void *chain_arg);
 /* Unregister `a` (no-op if it is not registered); call before
- * gm_alloc_destroy. The device's history goes with its allocator: its ring
- * is cleared, so traces never outlive the segments they describe. */
+ * gm_alloc_destroy. The device's history goes with its recorded allocator:
+ * its ring is cleared, so traces never outlive the segments they describe,
+ * and the allocator registered before it on the device is recorded again. */
 void gm_hist_detach(gm_alloc_t *a);
 
 /* Per-thread user_metadata string id (see intern.h for the strings). */

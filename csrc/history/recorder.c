@@ -37,8 +37,12 @@ typedef struct reg {
     gm_trace_fn chain_fn; /* immutable while registered */
     void *chain_arg;
     struct slot *slot;
+    struct reg *below; /* registered before this one on the device (protected by: registry lock) */
 } reg_t;
 
+/* The allocators registered on a device form a stack, newest on top: the
+ * top one (owner) is recorded; when it is detached the one below it is
+ * recorded again, from an empty ring. */
 typedef struct slot {
     pthread_mutex_t ring_lock;
     gm_ring_t ring; /* protected by: ring_lock */
@@ -213,9 +217,9 @@ int gm_hist_attach(gm_alloc_t *a, gm_trace_fn chain, void *chain_arg) {
     if (old) {
         /* The newest allocator on a device is the recorded one. */
         install_hook_unlocked(old, 0);
-        free(old);
         clear_ring(s);
     }
+    r->below = old;
     s->owner = r;
     install_hook_unlocked(r, atomic_load(&cfg_enabled) != GM_HIST_OFF);
     pthread_mutex_unlock(&registry_lock);
@@ -226,13 +230,20 @@ void gm_hist_detach(gm_alloc_t *a) {
     ensure_slots();
     pthread_mutex_lock(&registry_lock);
     for (int d = 0; d < GM_HIST_MAX_DEVICES; d++) {
-        reg_t *r = slots[d].owner;
-        if (r && r->alloc == a) {
-            install_hook_unlocked(r, 0);
-            slots[d].owner = NULL;
-            clear_ring(&slots[d]);
+        for (reg_t **at = &slots[d].owner; *at; at = &(*at)->below) {
+            reg_t *r = *at;
+            if (r->alloc != a)
+                continue;
+            *at = r->below;
+            if (at == &slots[d].owner) { /* the recorded one: the one below takes over */
+                install_hook_unlocked(r, 0);
+                clear_ring(&slots[d]);
+                if (slots[d].owner)
+                    install_hook_unlocked(slots[d].owner, atomic_load(&cfg_enabled) != GM_HIST_OFF);
+            }
             free(r);
-            break;
+            pthread_mutex_unlock(&registry_lock);
+            return;
         }
     }
     pthread_mutex_unlock(&registry_lock);

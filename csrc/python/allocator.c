@@ -42,7 +42,7 @@ static int create_core(AllocatorObject *self, const gm_backend_t *be, int device
                        const gm_settings_t *s) {
     int rc = gm_alloc_create(be, device, s, &self->alloc);
     if (rc) {
-        const char *why = be->last_error(be->ctx);
+        const char *why = be->last_error ? be->last_error(be->ctx) : NULL;
         gm_py_raise(rc, why && why[0] ? why : NULL);
         return -1;
     }

@@ -9,7 +9,9 @@
  * both before returning; nothing is shared between calls. The loop runs
  * with the GIL released and touches no Python object. A trace address is
  * mapped to the pointer the core returned (its free goes to that pointer);
- * an alloc that hit OOM is remembered so its free is skipped. The core is
+ * an alloc that hit OOM is remembered so its free is skipped. The map's
+ * key is the address + 1 (0 is its empty key), so the one address whose
+ * key would be 0, 2**64 - 1, has a slot of its own. The core is
  * checked (gm_alloc_check) after every replay.
  * Must not: be used for anything but whole-trace replay (no hooks, no
  * history: the core is not attached to memory history).
@@ -28,18 +30,45 @@ typedef struct replay_result {
     int rc;
 } replay_result_t;
 
+/* The trace address -> pointer map: a ptrmap keyed by address + 1, and a
+ * slot of its own for the address that wraps to key 0. */
+typedef struct addr_map {
+    gm_ptrmap_t map;
+    int top_live;      /* address 2**64 - 1 is mapped */
+    uintptr_t top_ptr;
+} addr_map_t;
+
+static int map_del(addr_map_t *m, uint64_t addr, uintptr_t *ptr) {
+    uintptr_t key = (uintptr_t)addr + 1;
+    if (key)
+        return gm_ptrmap_del(&m->map, key, ptr);
+    if (!m->top_live)
+        return 0;
+    m->top_live = 0;
+    *ptr = m->top_ptr;
+    return 1;
+}
+
+static int map_put(addr_map_t *m, uint64_t addr, uintptr_t ptr) {
+    uintptr_t key = (uintptr_t)addr + 1;
+    if (key)
+        return gm_ptrmap_put(&m->map, key, ptr);
+    m->top_live = 1;
+    m->top_ptr = ptr;
+    return GM_OK;
+}
+
 static void run_replay(gm_alloc_t *a, const uint8_t *act, const uint64_t *addr,
                        const uint64_t *size, const uint64_t *stream, size_t n,
                        replay_result_t *r) {
-    gm_ptrmap_t map;
-    if (gm_ptrmap_init(&map, 4096)) {
+    addr_map_t map = {.top_live = 0};
+    if (gm_ptrmap_init(&map.map, 4096)) {
         r->rc = GM_ENOMEM;
         return;
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (size_t i = 0; i < n; i++) {
-        uintptr_t key = (uintptr_t)addr[i] + 1; /* 0 is the map's empty key */
         uintptr_t ptr;
         if (act[i] == 2) {
             int rc = gm_alloc_empty_cache(a, 0);
@@ -49,7 +78,7 @@ static void run_replay(gm_alloc_t *a, const uint8_t *act, const uint64_t *addr,
             }
             r->releases++;
         } else if (act[i] == 0) {
-            if (gm_ptrmap_del(&map, key, &ptr)) {
+            if (map_del(&map, addr[i], &ptr)) {
                 r->conflicts++;
                 if (ptr)
                     gm_alloc_free(a, ptr, 0);
@@ -60,11 +89,11 @@ static void run_replay(gm_alloc_t *a, const uint8_t *act, const uint64_t *addr,
                 ptr = 0; /* remembered as failed: its free is skipped */
                 rc = GM_OK;
             }
-            if (rc || gm_ptrmap_put(&map, key, ptr)) {
+            if (rc || map_put(&map, addr[i], ptr)) {
                 r->rc = rc ? rc : GM_ENOMEM;
                 break;
             }
-        } else if (gm_ptrmap_del(&map, key, &ptr)) {
+        } else if (map_del(&map, addr[i], &ptr)) {
             int rc = ptr ? gm_alloc_free(a, ptr, 0) : GM_OK;
             if (rc) {
                 r->rc = rc;
@@ -77,7 +106,7 @@ static void run_replay(gm_alloc_t *a, const uint8_t *act, const uint64_t *addr,
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     r->elapsed_ns = (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
-    gm_ptrmap_free(&map);
+    gm_ptrmap_free(&map.map);
 }
 
 static PyObject *py_replay(PyObject *self, PyObject *args, PyObject *kwargs) {

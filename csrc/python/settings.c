@@ -4,7 +4,8 @@
  * through core_api.h), and _C.default_settings().
  *
  * Invariants: an unknown key or an invalid value raises with one sentence
- * saying which; what passes is valid by gm_settings_validate, so the core
+ * saying which, a number that does not fit its field included (never
+ * truncated); what passes is valid by gm_settings_validate, so the core
  * never sees a setting it would reject. Keys missing from the dict keep
  * their defaults. Must not: hold an allocator lock (it touches Python
  * objects).
@@ -16,6 +17,17 @@
 static const char *const setting_keys[] = {"expandable_segments", "max_split_size",
                                            "garbage_collection_threshold",
                                            "roundup_power2_divisions", NULL};
+
+/* A value that does not fit its field is a ValueError saying which field,
+ * whatever PyLong_As* raised (OverflowError) or did not raise (a negative
+ * count). A TypeError (not an int at all) is kept. */
+static int out_of_range(PyObject *overflow, const char *text) {
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(overflow))
+        return -1;
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, text);
+    return -1;
+}
 
 int gm_py_settings_from_obj(PyObject *obj, gm_settings_t *out) {
     gm_settings_default(out);
@@ -51,7 +63,8 @@ int gm_py_settings_from_obj(PyObject *obj, gm_settings_t *out) {
     if ((v = PyDict_GetItemString(obj, "max_split_size")) && v != Py_None) {
         long long m = PyLong_AsLongLong(v);
         if (m == -1 && PyErr_Occurred())
-            return -1;
+            return out_of_range(PyExc_OverflowError, "max_split_size must be -1 (unlimited) or a "
+                                                     "byte count below 2**63");
         out->max_split_size = m < 0 ? SIZE_MAX : (size_t)m;
     }
     if ((v = PyDict_GetItemString(obj, "garbage_collection_threshold"))) {
@@ -70,12 +83,14 @@ int gm_py_settings_from_obj(PyObject *obj, gm_settings_t *out) {
             return -1;
         }
         for (int i = 0; i < GM_ROUNDUP_INTERVALS; i++) {
-            long d = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-            if (d == -1 && PyErr_Occurred()) {
+            long long d = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if ((d == -1 && PyErr_Occurred()) || d < 0 || d > ((long long)1 << 31)) {
                 Py_DECREF(seq);
-                return -1;
+                return out_of_range(PyExc_OverflowError,
+                                    "roundup_power2_divisions entries must be 0 or powers of two "
+                                    "up to 2**31");
             }
-            out->roundup_power2_divisions[i] = d < 0 ? 0 : (uint32_t)d;
+            out->roundup_power2_divisions[i] = (uint32_t)d;
         }
         Py_DECREF(seq);
     }

@@ -3,7 +3,7 @@
  * blocks as the allocator does (gpumem/replay.py): _C.round_size,
  * _C.is_small and _C.segment_size wrap gm_size_round, gm_size_is_small and
  * gm_size_segment; plus the size constants (MIN_BLOCK_SIZE, SMALL_SIZE,
- * SMALL_BUFFER, LARGE_BUFFER) and _C.format_size, the byte-count text of
+ * SMALL_BUFFER, LARGE_BUFFER, MAX_REQUEST) and _C.format_size, the byte-count text of
  * torch's out-of-memory message.
  *
  * Invariants: every value comes from the core or base (gm_alloc.h,
@@ -82,7 +82,8 @@ int gm_py_size_policy_init(PyObject *module) {
         PyModule_AddIntConstant(module, "MIN_BLOCK_SIZE", (long)GM_MIN_BLOCK_SIZE) < 0 ||
         PyModule_AddIntConstant(module, "SMALL_SIZE", (long)GM_SMALL_SIZE) < 0 ||
         PyModule_AddIntConstant(module, "SMALL_BUFFER", (long)GM_SMALL_BUFFER) < 0 ||
-        PyModule_AddIntConstant(module, "LARGE_BUFFER", (long)GM_LARGE_BUFFER) < 0)
+        PyModule_AddIntConstant(module, "LARGE_BUFFER", (long)GM_LARGE_BUFFER) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_REQUEST", (long)GM_MAX_REQUEST) < 0)
         return -1;
     return 0;
 }
