@@ -39,22 +39,34 @@ ENV_ENTRIES = "GPUMEM_SIMULATE_MAX_ENTRIES"
 
 
 class _TorchImportHook:
-    """A one-shot meta path finder: run _activate() once ``import torch`` has finished."""
+    """A meta path finder that runs _activate() once ``import torch`` has finished.
+
+    It stays on sys.meta_path until torch's module has really executed: a
+    script, or a library such as transformers, may ask
+    ``importlib.util.find_spec("torch")`` before importing it, and the spec
+    handed out then is not the one ``import torch`` will use."""
+
+    def __init__(self) -> None:
+        self._finding = False   # finding torch's real spec: step aside
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
+        if name != "torch" or self._finding:
             return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
         import importlib.util
-        spec = importlib.util.find_spec("torch")
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec("torch")
+        finally:
+            self._finding = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         original = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
             original(module)
             _activate()
 

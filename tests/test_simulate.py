@@ -196,3 +196,21 @@ def test_memory_in_decimal_units_reads_as_such(tmp_path):
                         "--memory", "80GB")
     assert "on 1 simulated GPU(s) of 80 GB (74.51 GiB)" in proc.stdout
     assert "KiB" not in proc.stdout.split("peak memory")[0]
+
+
+@pytest.mark.slow
+def test_a_script_that_looks_torch_up_before_importing_it_is_recorded(tmp_path):
+    """Libraries (transformers, for one) call importlib.util.find_spec("torch")
+    before import torch; the run must still record the script."""
+    built_shim()
+    proc = run_simulate(tmp_path, '''
+        import importlib.util
+        assert importlib.util.find_spec("torch") is not None
+        assert importlib.util.find_spec("torch") is not None
+        import torch
+        x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    ''', "--json")
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert report["fits"] is True, report
+    assert report["per_device"] and report["per_device"][0]["peak_allocated"] >= 64 << 20, report
+    assert (tmp_path / "out" / "snapshot.pickle").exists()
