@@ -104,10 +104,7 @@ def _activate() -> None:
         _wrap_reset_peaks()
         _keep_recording(sys.modules["torch"], history)
     except Exception as e:  # the script still runs, on torch's allocator
-        why = f"{type(e).__name__}: {e}"
-        sys.stderr.write(f"gpumem simulate: gpumem could not be installed in this process "
-                         f"({why}); it runs without recording\n")
-        _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "install_error": why})
+        atexit.register(_report_unrecorded, f"{type(e).__name__}: {e}")
         return
     _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "incomplete": True})
     atexit.register(_child_finish)
@@ -142,6 +139,22 @@ def _keep_recording(torch: Any, history: Any) -> None:
             _script_dumps.append(path)
 
     history.write_snapshot = write_snapshot
+
+
+def _report_unrecorded(why: str) -> None:
+    """atexit, when install() failed: only a process that then used the GPU
+    (on torch's allocator, unmeasured) is reported; one that imported torch
+    without touching CUDA (a helper checking versions, say) cost nothing."""
+    torch = sys.modules.get("torch")
+    try:
+        used = torch is not None and torch.cuda.is_initialized()
+    except Exception:  # noqa: BLE001 - a half-imported torch: report it
+        used = True
+    if not used:
+        return
+    sys.stderr.write(f"gpumem simulate: gpumem could not be installed in this process ({why}); "
+                     f"it ran without recording\n")
+    _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "install_error": why})
 
 
 def _write_stats(out: dict) -> None:

@@ -126,6 +126,29 @@ def test_a_process_gpumem_cannot_be_installed_in_fails_the_run(tmp_path):
     assert proc.stderr.splitlines()[-1].startswith("gpumem: error: gpumem could not be installed")
 
 
+@pytest.mark.slow
+def test_a_process_that_never_uses_cuda_is_not_counted_unrecorded(tmp_path):
+    """A helper process that imports torch without touching CUDA (checking a
+    version, say) cost no device memory: gpumem failing to install there does
+    not fail the run, and it says nothing."""
+    built_shim()
+    helper = tmp_path / "helper.py"
+    helper.write_text("import torch\nprint(torch.__version__)\n")
+    path = tmp_path / "script.py"
+    path.write_text(f"import subprocess, sys\n"
+                    f"subprocess.run([sys.executable, {str(helper)!r}], check=True,\n"
+                    f"               env=dict(__import__('os').environ, GPUMEM_SHIM_BUILD='0',\n"
+                    f"                        GPUMEM_CACHE_DIR={str(tmp_path / 'empty')!r}))\n"
+                    f"import torch\nx = torch.ones(4, device='cuda')\n")
+    proc = subprocess.run([sys.executable, "-m", "gpumem.simulate", "--out", str(tmp_path / "out"),
+                           "--json", "--", sys.executable, str(path)], capture_output=True,
+                          text=True, cwd=tmp_path, env=_env(), timeout=300)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert report["unrecorded"] == 0 and report["fits"] is True, report
+    assert "could not be installed" not in proc.stderr
+
+
 def test_usage_errors(capsys):
     assert simulate.main([]) == 2
     assert "no command given" in capsys.readouterr().err
