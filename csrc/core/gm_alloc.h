@@ -93,8 +93,9 @@ typedef struct gm_oom_info {
     size_t allocated;        /* allocated_bytes.all.current */
     size_t reserved;         /* reserved_bytes.all.current */
     size_t reserved_unallocated;
-    size_t allowed;          /* the memory limit, 0 when none */
+    size_t allowed;          /* the memory limit, 0 when none (see has_limit) */
     int limit_hit;           /* refused by the limit, not the device */
+    int has_limit;           /* a limit is in force (it may be 0 bytes) */
 } gm_oom_info_t;
 
 /* Trace actions, in PyTorch's TraceEntry order. */
@@ -144,11 +145,20 @@ int gm_alloc_process_events(gm_alloc_t *a, uint32_t ctx);
  * wholly free granule of expandable segments) to the device. */
 int gm_alloc_empty_cache(gm_alloc_t *a, uint32_t ctx);
 
-/* Limit like set_per_process_memory_fraction: fraction of device total. */
+/* Limit like torch's set_per_process_memory_fraction: fraction x device
+ * total bytes (0 allowed: nothing can be reserved); 1.0 removes the limit. */
 int gm_alloc_set_memory_fraction(gm_alloc_t *a, double fraction);
 /* Limit in bytes; 0 removes the limit. */
 int gm_alloc_set_memory_limit(gm_alloc_t *a, size_t bytes);
-size_t gm_alloc_memory_limit(gm_alloc_t *a); /* 0 = none */
+size_t gm_alloc_memory_limit(gm_alloc_t *a); /* 0 = none (or a limit of 0 bytes) */
+/* 1 and the limit in *bytes when one is in force (even of 0 bytes), else 0. */
+int gm_alloc_get_memory_limit(gm_alloc_t *a, size_t *bytes);
+
+/* Caching on (the default) or off, as torch's caching_allocator_enable:
+ * while off, every request gets a device allocation of its own and memory
+ * goes back to the device as soon as its segment is wholly free. */
+void gm_alloc_set_caching(gm_alloc_t *a, int enabled);
+int gm_alloc_caching(gm_alloc_t *a);
 
 int gm_alloc_set_settings(gm_alloc_t *a, const gm_settings_t *settings);
 void gm_alloc_get_settings(gm_alloc_t *a, gm_settings_t *out);
