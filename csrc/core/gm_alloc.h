@@ -109,6 +109,7 @@ typedef enum gm_action {
     GM_ACT_SEGMENT_UNMAP,
     GM_ACT_SNAPSHOT,
     GM_ACT_OOM,
+    GM_ACT_ANNOTATE, /* metadata attached to a live allocation after the fact */
     GM_ACT_COUNT
 } gm_action_t;
 
@@ -139,6 +140,10 @@ int gm_alloc_free(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx);
 int gm_alloc_block_size(gm_alloc_t *a, uintptr_t ptr, size_t *size, size_t *requested,
                         uintptr_t *stream);
 int gm_alloc_record_stream(gm_alloc_t *a, uintptr_t ptr, uintptr_t stream);
+/* An `annotate` event for the live block at ptr (exact start address):
+ * addr ptr, size its requested size, its stream, context ctx. Changes no
+ * state. GM_ENOTFOUND when nothing is allocated there. */
+int gm_alloc_annotate(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx);
 /* Poll outstanding events (also done at the start of every malloc). */
 int gm_alloc_process_events(gm_alloc_t *a, uint32_t ctx);
 /* Wait for all events, then return every wholly free segment (and every

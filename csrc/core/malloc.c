@@ -261,6 +261,15 @@ int gm_alloc_record_stream(gm_alloc_t *a, uintptr_t ptr, uintptr_t stream) {
     return rc;
 }
 
+int gm_alloc_annotate(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx) {
+    gm_lock(a);
+    gm_block_t *b = live_block(a, ptr);
+    if (b)
+        gm_trace_unlocked(a, GM_ACT_ANNOTATE, b->ptr, b->requested_size, b->stream, ctx);
+    gm_unlock(a);
+    return b ? GM_OK : GM_ENOTFOUND;
+}
+
 int gm_alloc_process_events(gm_alloc_t *a, uint32_t ctx) {
     gm_lock(a);
     int rc = process_events(a, ctx);
