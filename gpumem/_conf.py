@@ -1,7 +1,7 @@
 """Allocator settings: the PYTORCH_CUDA_ALLOC_CONF syntax, for the keys gpumem supports.
 
     expandable_segments:True|False
-    max_split_size_mb:N                   N > 20 (MiB); stored in bytes
+    max_split_size_mb:N                   N >= 20 (MiB); stored in bytes
     garbage_collection_threshold:F        0 < F < 1
     roundup_power2_divisions:N            N a power of two, for every interval
     roundup_power2_divisions:[256:1,512:2,1024:4,>:8]
@@ -34,7 +34,7 @@ __all__ = ["ConfError", "parse_conf", "format_conf", "default_conf", "settings_f
 MiB = 1 << 20
 ROUNDUP_INTERVALS = 16
 ROUNDUP_BOUNDARIES_MB = tuple(1 << i for i in range(ROUNDUP_INTERVALS))  # 1 .. 32768
-_MIN_SPLIT_MB = 20  # kLargeBuffer / 1 MiB: torch requires max_split_size_mb > 20
+_MIN_SPLIT_MB = 20  # kLargeBuffer / 1 MiB: torch requires max_split_size_mb >= 20
 _MAX_SPLIT_MB = ((1 << 64) - 1) // MiB  # torch clamps to SIZE_MAX / 1 MiB
 
 KEYS = ("expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
@@ -116,7 +116,7 @@ def _parse_uint(text: str) -> int | None:
 
 
 _ES_FORM = "expandable_segments:True or expandable_segments:False"
-_MS_FORM = f"max_split_size_mb:N with N an integer number of MiB above {_MIN_SPLIT_MB}"
+_MS_FORM = f"max_split_size_mb:N with N an integer number of MiB, at least {_MIN_SPLIT_MB}"
 _GC_FORM = "garbage_collection_threshold:F with 0 < F < 1"
 _RP_FORM = ("roundup_power2_divisions:N with N a power of two, or a list such as "
             "roundup_power2_divisions:[256:1,512:2,>:8] whose keys are power-of-two MiB "
@@ -137,9 +137,9 @@ def _parse_max_split(t: _Tokens) -> int:
     t.expect(":", "max_split_size_mb", _MS_FORM)
     v = t.value("max_split_size_mb", _MS_FORM)
     n = _parse_uint(v)
-    if n is None or n <= _MIN_SPLIT_MB:
+    if n is None or n < _MIN_SPLIT_MB:
         raise _bad("max_split_size_mb", v,
-                   f"it must be an integer number of MiB greater than {_MIN_SPLIT_MB}")
+                   f"it must be an integer number of MiB, at least {_MIN_SPLIT_MB}")
     return min(n, _MAX_SPLIT_MB) * MiB
 
 
@@ -259,9 +259,9 @@ def _checked(conf: dict) -> dict:
         raise ConfError("settings field 'expandable_segments' must be True or False")
     ms = out["max_split_size"]
     if (not isinstance(ms, int) or isinstance(ms, bool)
-            or (ms != -1 and (ms <= _MIN_SPLIT_MB * MiB or ms % MiB))):
+            or (ms != -1 and (ms < _MIN_SPLIT_MB * MiB or ms % MiB))):
         raise ConfError(f"settings field 'max_split_size' must be -1 (unlimited) or a whole "
-                        f"number of MiB above {_MIN_SPLIT_MB} MiB in bytes, not {ms!r}")
+                        f"number of MiB, at least {_MIN_SPLIT_MB} MiB, in bytes, not {ms!r}")
     gc = out["garbage_collection_threshold"]
     if not isinstance(gc, (int, float)) or isinstance(gc, bool) or not (gc == 0 or 0 < gc < 1):
         raise ConfError(f"settings field 'garbage_collection_threshold' must be 0 (off) or "
@@ -331,6 +331,8 @@ def settings_for_snapshot(conf: dict) -> dict[str, Any]:
         "release_lock_on_cudamalloc": False,
         "pinned_use_cuda_host_register": False,
         "graph_capture_record_stream_reuse": False,
+        "max_round_threshold": -1,
+        "max_cached_size": -1,
         "roundup_power2_divisions": {
             str(mb): d for mb, d in zip(ROUNDUP_BOUNDARIES_MB, c["roundup_power2_divisions"])
         },

@@ -46,7 +46,7 @@ def test_expandable_segments_bad(bad):
     assert "'expandable_segments'" in msg and f"'{bad}'" in msg and "True and False" in msg
 
 
-@pytest.mark.parametrize("mb", [21, 64, 128, 4096])
+@pytest.mark.parametrize("mb", [20, 21, 64, 128, 4096])
 def test_max_split_size(mb):
     assert parse_conf(f"max_split_size_mb:{mb}")["max_split_size"] == mb * MiB
 
@@ -56,12 +56,13 @@ def test_max_split_size_is_clamped_like_torch():
     assert huge == ((1 << 64) - 1) // MiB * MiB
 
 
-@pytest.mark.parametrize("bad", ["20", "0", "-64", "64.5", "abc", "1e3"])
+@pytest.mark.parametrize("bad", ["19", "0", "-64", "64.5", "abc", "1e3"])
 def test_max_split_size_bad(bad):
+    # torch's rule: max_split_size_mb must be >= 20
     with pytest.raises(ConfError) as ei:
         parse_conf(f"max_split_size_mb:{bad}")
     msg = str(ei.value)
-    assert "'max_split_size_mb'" in msg and "greater than 20" in msg
+    assert "'max_split_size_mb'" in msg and "at least 20" in msg
 
 
 @pytest.mark.parametrize("value", [0.5, 0.01, 0.999])
