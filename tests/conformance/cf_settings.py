@@ -3,6 +3,8 @@ and torch._C._accelerator_setAllocatorSettings (the same parser), what each
 key does to the next allocations, which keys a new settings string resets,
 and the errors for bad strings."""
 
+import contextlib
+
 from harness import (MiB, differs, empty, fraction, gpumem, raises, set_settings, settings,
                      settle, stat, torch_mod)
 
@@ -121,13 +123,22 @@ def check_expandable_segments_switch_at_run_time():
     del a, b
 
 
-def check_max_split_with_expandable_segments_mixed():
-    # plain and expandable segments side by side under a tight limit
+@contextlib.contextmanager
+def _allowed_120_mib_more():
+    """A fraction that allows 120 MiB above what is reserved now, and the
+    settings in force restored after."""
     torch = torch_mod()
     settle()
     _, total = torch.cuda.mem_get_info()
     allowed = 120 * MiB + torch.cuda.memory_reserved()
     with fraction(allowed / total), settings(""):
+        yield
+
+
+def check_max_split_with_expandable_segments_mixed():
+    # plain and expandable segments side by side under a tight limit
+    torch = torch_mod()
+    with _allowed_120_mib_more():
         set_settings("expandable_segments:False,max_split_size_mb:40")
         a = empty(40 * MiB)
         set_settings("expandable_segments:True,max_split_size_mb:40")
@@ -141,11 +152,7 @@ def check_max_split_with_expandable_segments_mixed():
 
 
 def check_garbage_collection_with_expandable_segments():
-    torch = torch_mod()
-    settle()
-    _, total = torch.cuda.mem_get_info()
-    allowed = 120 * MiB + torch.cuda.memory_reserved()
-    with fraction(allowed / total), settings(""):
+    with _allowed_120_mib_more():
         set_settings("expandable_segments:False,garbage_collection_threshold:0.5")
         a = empty(40 * MiB)
         set_settings("expandable_segments:True,garbage_collection_threshold:0.5")

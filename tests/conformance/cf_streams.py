@@ -55,14 +55,20 @@ def check_record_stream_on_a_shifted_view():
     record_stream.synchronize()
 
 
-def check_pending_block_in_snapshot_and_stats():
+def _freed_while_used_on_a_side_stream(nbytes: int):
+    """(the side stream, the address) of a block freed while a use recorded
+    on the side stream is pending."""
     torch = torch_mod()
     settle()
     side = torch.cuda.Stream()
-    x = empty(4 * MiB)
+    x = empty(nbytes)
     x.record_stream(side)
-    ptr = x.data_ptr()
-    del x
+    return side, x.data_ptr()
+
+
+def check_pending_block_in_snapshot_and_stats():
+    torch = torch_mod()
+    side, ptr = _freed_while_used_on_a_side_stream(4 * MiB)
     states = [b["state"] for b in blocks(torch.cuda.memory._snapshot()) if b["address"] == ptr]
     assert states == ["active_pending_free"], states
     assert stat("allocated_bytes.all.current") == 0
@@ -118,12 +124,7 @@ def check_out_of_memory_retry_frees_pending_blocks():
 
 def check_wait_stream_does_not_complete_events():
     torch = torch_mod()
-    settle()
-    side = torch.cuda.Stream()
-    x = empty(4 * MiB)
-    x.record_stream(side)
-    ptr = x.data_ptr()
-    del x
+    side, ptr = _freed_while_used_on_a_side_stream(4 * MiB)
     torch.cuda.current_stream().wait_stream(side)  # orders later work; the event is still pending
     y = empty(4 * MiB)
     assert y.data_ptr() != ptr

@@ -59,15 +59,25 @@ def check_profiler_sees_device_memory():
     del x, y
 
 
-def check_profile_to_snapshot():
-    from torch.cuda._memory_viz import _profile_to_snapshot, profile_plot
+def _profiled(work):
+    """A memory profile (with stacks) of work()."""
     torch = torch_mod()
     settle()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                 with_stack=True, profile_memory=True,
                                 record_shapes=True) as prof:
+        work()
+    return prof
+
+
+def check_profile_to_snapshot():
+    from torch.cuda._memory_viz import _profile_to_snapshot, profile_plot
+    torch = torch_mod()
+
+    def work():
         x = torch.rand(128, 128, device="cuda")
-        x * x + x * x
+        return x * x + x * x
+    prof = _profiled(work)
     snap = _profile_to_snapshot(prof)
     text = json.dumps(snap)
     assert "cf_tools.py" in text and "check_profile_to_snapshot" in text
@@ -75,18 +85,12 @@ def check_profile_to_snapshot():
     allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
     assert any(e["size"] == 128 * 128 * 4 for e in allocs), allocs[:5]
     assert "MemoryViz.js" in profile_plot(prof)
-    del x
 
 
 def check_memory_profile_timeline():
     from torch.profiler._memory_profiler import Action
     torch = torch_mod()
-    settle()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                with_stack=True, profile_memory=True,
-                                record_shapes=True) as prof:
-        x = torch.rand(128, 128, device="cuda")
-        del x
+    prof = _profiled(lambda: torch.rand(128, 128, device="cuda"))
     timeline = prof._memory_profile().timeline
     cuda = [(t, a, k, size) for t, a, (k, _), size in timeline if k.device.type == "cuda"]
     assert any(a == Action.CREATE and size == 128 * 128 * 4 for _, a, _, size in cuda), cuda[:5]
