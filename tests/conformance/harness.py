@@ -15,6 +15,9 @@ both allocators.  Two decorators mark the exceptions:
                     in docs/compatibility.md#anchor) under gpumem.
   @gpumem_only      a gpumem feature with no torch counterpart (skipped
                     under torch).
+  @sim_limit(why)   torch's behaviour that the simulated GPU cannot show
+                    (it fails under both allocators for that reason); the
+                    test is an expected failure until the simulator can.
 
 A check restores what it changes (settings, fraction, recording), as
 PyTorch's own tests do; runner.py also turns recording off and empties the
@@ -48,6 +51,14 @@ def differs(anchor: str) -> Callable:
     """Mark a deliberate difference, documented in docs/compatibility.md#anchor."""
     def mark(fn: Callable) -> Callable:
         fn.differs = anchor
+        return fn
+    return mark
+
+
+def sim_limit(reason: str) -> Callable:
+    """Mark a check that fails on the simulated GPU under either allocator."""
+    def mark(fn: Callable) -> Callable:
+        fn.sim_limit = reason
         return fn
     return mark
 

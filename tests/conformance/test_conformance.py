@@ -12,7 +12,10 @@ The bar: a check that passes under torch's allocator passes under gpumem.
 Where gpumem differs on purpose the check is marked @differs(anchor) and
 asserts gpumem's own behaviour under gpumem; docs/compatibility.md lists
 each such difference under that anchor with the reason
-(test_every_difference_is_documented keeps the two in step).
+(test_every_difference_is_documented keeps the two in step). A check that
+the simulated GPU cannot pass under either allocator is marked
+@sim_limit(reason) and expected to fail, strictly: once the simulator can
+show the behaviour, the mark must go.
 
 Group modules set, optionally: VARIANTS ({name: extra environment}, default
 one variant ""), MEMORY (the simulated device's size, default 80GiB),
@@ -65,9 +68,12 @@ def _params() -> list:
         for variant in _variants(g):
             marks = [] if variant in fast else [pytest.mark.slow]
             for fn in runner.checks_of(mod):
+                why = getattr(fn, "sim_limit", None)
+                extra = [pytest.mark.xfail(reason=f"simulator: {why}", strict=True)] if why else []
                 for mode in MODES:
                     label = f"{g[3:]}-{variant or 'default'}-{mode}-{fn.__name__[6:]}"
-                    out.append(pytest.param(g, variant, mode, fn.__name__, marks=marks, id=label))
+                    out.append(pytest.param(g, variant, mode, fn.__name__, marks=marks + extra,
+                                            id=label))
     return out
 
 
