@@ -322,6 +322,7 @@ void GpumemAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device
 
 void GpumemAllocator::enable(bool value) {
   bool on = value && !caching_forced_off(); /* the variable keeps caching off for good */
+  std::lock_guard<std::mutex> guard(create_mu_); /* a core made meanwhile sees `on` */
   caching_.store(on);
   for (int d = 0; d < kMaxDevices; d++)
     if (gm_alloc_t* a = existing_core(d))
