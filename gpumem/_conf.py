@@ -1,9 +1,9 @@
 """Allocator settings: the PYTORCH_CUDA_ALLOC_CONF syntax, for the keys gpumem supports.
 
     expandable_segments:True|False
-    max_split_size_mb:N                   20 < N < 2**43 (MiB); stored in bytes
+    max_split_size_mb:N                   N >= 20 (MiB); stored in bytes
     garbage_collection_threshold:F        0 < F < 1
-    roundup_power2_divisions:N            N a power of two up to 2**31, for every interval
+    roundup_power2_divisions:N            N a power of two, for every interval
     roundup_power2_divisions:[256:1,512:2,1024:4,>:8]
 
 Entries are separated by ','; spaces are ignored, as torch's lexer ignores
@@ -23,11 +23,12 @@ also fills every interval below it; '>' fills every interval after the
 previous entry; intervals not named keep 0.  Unlike torch, which ignores
 keys it does not know, gpumem rejects every key it does not implement.
 
-Numbers must fit what the allocator stores, or they are refused (torch
-clamps or truncates them silently): max_split_size_mb below 2**43 MiB (the
-size in bytes then fits in 63 bits; 8 EiB is more than any device has) and
-division counts up to 2**31 (stored in 32 bits; a count above the request
-size in 512-byte units rounds like no division at all).  Integers are
+Numbers that do not fit what the allocator stores are clamped, as torch
+clamps max_split_size_mb: max_split_size_mb to 2**43 - 1 MiB (its bytes fit
+in 63 bits; 8 EiB is more than any device has) and division counts to 2**31
+(stored in 32 bits; a count above the request size in 512-byte units rounds
+like no division at all, so nothing below 1 TiB rounds differently).  Numbers
+of 2**64 or more are refused, as torch's parser refuses them.  Integers are
 written in ASCII digits: other Unicode digits ('²', '٣') are refused.
 """
 
@@ -42,9 +43,9 @@ __all__ = ["ConfError", "parse_conf", "format_conf", "default_conf", "settings_f
 MiB = 1 << 20
 ROUNDUP_INTERVALS = 16
 ROUNDUP_BOUNDARIES_MB = tuple(1 << i for i in range(ROUNDUP_INTERVALS))  # 1 .. 32768
-_MIN_SPLIT_MB = 20  # kLargeBuffer / 1 MiB: torch requires max_split_size_mb > 20
-MAX_SPLIT_MB = (1 << 43) - 1  # the largest max_split_size_mb: its bytes fit in 63 bits
-MAX_DIVISIONS = 1 << 31       # the largest division count: stored in 32 bits
+_MIN_SPLIT_MB = 20  # kLargeBuffer / 1 MiB: torch requires max_split_size_mb >= 20
+MAX_SPLIT_MB = (1 << 43) - 1  # larger values are clamped to it: its bytes fit in 63 bits
+MAX_DIVISIONS = 1 << 31       # larger division counts are clamped to it: stored in 32 bits
 
 KEYS = ("expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
         "roundup_power2_divisions")
@@ -139,12 +140,11 @@ def parse_uint(text: str, maximum: int) -> int | None:
 
 
 _ES_FORM = "expandable_segments:True or expandable_segments:False"
-_MS_FORM = (f"max_split_size_mb:N with N an integer number of MiB above {_MIN_SPLIT_MB} and "
-            f"below 2**43")
+_MS_FORM = f"max_split_size_mb:N with N an integer number of MiB, at least {_MIN_SPLIT_MB}"
 _GC_FORM = "garbage_collection_threshold:F with 0 < F < 1"
-_RP_FORM = ("roundup_power2_divisions:N with N a power of two up to 2**31, or a list such as "
+_RP_FORM = ("roundup_power2_divisions:N with N a power of two, or a list such as "
             "roundup_power2_divisions:[256:1,512:2,>:8] whose keys are power-of-two MiB "
-            "sizes (or '>') and whose values are powers of two up to 2**31, or 0")
+            "sizes (or '>') and whose values are powers of two or 0")
 
 
 def _parse_expandable(t: _Tokens) -> bool:
@@ -160,12 +160,11 @@ def _parse_expandable(t: _Tokens) -> bool:
 def _parse_max_split(t: _Tokens) -> int:
     t.expect(":", "max_split_size_mb", _MS_FORM)
     v = t.value("max_split_size_mb", _MS_FORM)
-    n = parse_uint(v, MAX_SPLIT_MB)
-    if n is None or n <= _MIN_SPLIT_MB:
+    n = parse_uint(v, (1 << 64) - 1)
+    if n is None or n < _MIN_SPLIT_MB:
         raise _bad("max_split_size_mb", _short(v),
-                   f"it must be an integer number of MiB greater than {_MIN_SPLIT_MB} and "
-                   f"below 2**43 (8796093022208)")
-    return n * MiB
+                   f"it must be an integer number of MiB, at least {_MIN_SPLIT_MB}")
+    return min(n, MAX_SPLIT_MB) * MiB
 
 
 def _parse_gc(t: _Tokens) -> float:
@@ -186,11 +185,11 @@ def _parse_roundup(t: _Tokens) -> list[int]:
     t.expect(":", key, _RP_FORM)
     if t.peek() != "[":
         v = t.value(key, _RP_FORM)
-        n = parse_uint(v, MAX_DIVISIONS)
+        n = parse_uint(v, (1 << 64) - 1)
         if n is None or not _is_pow2(n):
-            raise _bad(key, _short(v), "it must be a power of two (1, 2, 4, 8, ...) up to "
-                       "2**31 or a bracketed list")
-        return [n] * ROUNDUP_INTERVALS
+            raise _bad(key, _short(v), "it must be a power of two (1, 2, 4, 8, ...) or a "
+                       "bracketed list")
+        return [min(n, MAX_DIVISIONS)] * ROUNDUP_INTERVALS
     t.take()  # '['
     divs = [0] * ROUNDUP_INTERVALS
     first = True
@@ -205,11 +204,12 @@ def _parse_roundup(t: _Tokens) -> list[int]:
         boundary = tok
         t.expect(":", key, _RP_FORM)
         v = t.value(key, _RP_FORM)
-        n = parse_uint(v, MAX_DIVISIONS)
+        n = parse_uint(v, (1 << 64) - 1)
         if n is None or not (n == 0 or _is_pow2(n)):
             raise _bad(key, _short(f"{boundary}:{v}"),
-                       "each division count must be a power of two up to 2**31, or 0 to turn "
+                       "each division count must be a power of two, or 0 to turn "
                        "rounding off")
+        n = min(n, MAX_DIVISIONS)
         if boundary == ">":
             for j in range(last_index + 1, ROUNDUP_INTERVALS):
                 divs[j] = n
@@ -286,9 +286,9 @@ def _checked(conf: dict) -> dict:
         raise ConfError("settings field 'expandable_segments' must be True or False")
     ms = out["max_split_size"]
     if (not isinstance(ms, int) or isinstance(ms, bool)
-            or (ms != -1 and (ms <= _MIN_SPLIT_MB * MiB or ms % MiB or ms > MAX_SPLIT_MB * MiB))):
+            or (ms != -1 and (ms < _MIN_SPLIT_MB * MiB or ms % MiB or ms > MAX_SPLIT_MB * MiB))):
         raise ConfError(f"settings field 'max_split_size' must be -1 (unlimited) or a whole "
-                        f"number of MiB above {_MIN_SPLIT_MB} MiB and below 2**43 MiB, in "
+                        f"number of MiB, at least {_MIN_SPLIT_MB} MiB and below 2**43 MiB, in "
                         f"bytes, not {_short(repr(ms))}")
     gc = out["garbage_collection_threshold"]
     if not isinstance(gc, (int, float)) or isinstance(gc, bool) or not (gc == 0 or 0 < gc < 1):
@@ -360,6 +360,8 @@ def settings_for_snapshot(conf: dict) -> dict[str, Any]:
         "release_lock_on_cudamalloc": False,
         "pinned_use_cuda_host_register": False,
         "graph_capture_record_stream_reuse": False,
+        "max_round_threshold": -1,
+        "max_cached_size": -1,
         "roundup_power2_divisions": {
             str(mb): d for mb, d in zip(ROUNDUP_BOUNDARIES_MB, c["roundup_power2_divisions"])
         },

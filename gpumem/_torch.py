@@ -13,12 +13,16 @@ torch.cuda's memory functions and torch.cuda.memory._record_memory_history /
 _snapshot / _dump_snapshot are routed to gpumem (see PATCHED);
 ``uninstall_patches()`` puts torch's own back.
 
-Settings come from GPUMEM_ALLOC_CONF, in PYTORCH_CUDA_ALLOC_CONF syntax with
-the keys gpumem implements (expandable_segments, max_split_size_mb,
-garbage_collection_threshold, roundup_power2_divisions); an unknown key or a
-bad value is refused at install().  When GPUMEM_ALLOC_CONF is not set, those
-same keys are taken from PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (keys
-that only concern torch's own allocator are ignored there).
+Settings are torch's own: torch parses PYTORCH_CUDA_ALLOC_CONF /
+PYTORCH_ALLOC_CONF (and every later torch.cuda.memory._set_allocator_settings
+string) and gpumem follows what it parsed (expandable_segments,
+max_split_size_mb, garbage_collection_threshold, roundup_power2_divisions,
+per_process_memory_fraction; Note [One parser: torch's] in
+csrc/torch/gm_torch_config.cpp).  GPUMEM_ALLOC_CONF, in the same syntax,
+replaces the torch variables' device settings when it is set.  A bad string
+is refused at install() with torch's message (AllocConfError, a
+ValueError); a key gpumem does not honour gets a one-line warning.
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 turns caching off, as it does for torch.
 
 install() also sets the shim's OOM hook (gpumem._oom, for gpumem.record): with
 GPUMEM_OOM_SNAPSHOT=/dir set, every out-of-memory error of the process
@@ -39,7 +43,8 @@ from gpumem._conf import ConfError, KEYS as CONF_KEYS, parse_conf
 from gpumem._shim_state import is_installed, shim
 
 __all__ = ["InstallError", "TorchMissingError", "install", "is_installed", "uninstall_patches",
-           "patches_applied", "settings_in_effect", "check_environment", "shim", "PATCHED"]
+           "patches_applied", "settings_in_effect", "check_environment", "shim", "PATCHED",
+           "C_PATCHED"]
 
 
 class InstallError(RuntimeError):
@@ -92,24 +97,21 @@ def _applicable_entries(text: str) -> str:
 
 def _read_settings(environ: Optional[Mapping[str, str]] = None) -> tuple[dict, str]:
     """(settings dict for gpumem._C, where they came from) in ``environ``
-    (default os.environ)."""
+    (default os.environ), read without torch: a preview of what install()
+    gets from torch's own parser."""
     environ = os.environ if environ is None else environ
-    text = environ.get("GPUMEM_ALLOC_CONF")
-    if text is not None:
-        try:
-            return parse_conf(text), "GPUMEM_ALLOC_CONF"
-        except ConfError as e:
-            raise AllocConfError(f"GPUMEM_ALLOC_CONF={text!r} is invalid: {e}") from None
-    for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+    # torch parses these at install(): keys gpumem does not implement are
+    # torch's to accept or refuse, so the preview leaves them out.
+    for var in ("GPUMEM_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         text = environ.get(var)
-        if text:
-            sub = _applicable_entries(text)
+        if text or (text is not None and var == "GPUMEM_ALLOC_CONF"):
             try:
-                return parse_conf(sub), var
+                return parse_conf(_applicable_entries(text)), var
             except ConfError as e:
-                raise AllocConfError(f"{var}={text!r} is invalid for gpumem, which takes its "
-                                     f"settings from it when GPUMEM_ALLOC_CONF is not set: "
-                                     f"{e}") from None
+                why = ("" if var == "GPUMEM_ALLOC_CONF" else
+                       " for gpumem, which takes its settings from it when GPUMEM_ALLOC_CONF "
+                       "is not set")
+                raise AllocConfError(f"{var}={text!r} is invalid{why}: {e}") from None
     return parse_conf(None), ""
 
 
@@ -131,6 +133,30 @@ def _device_index(device: Any) -> int:
     if index < 0:
         raise ValueError(f"device index must be >= 0, not {index}")
     return index
+
+
+def _conf_source() -> str:
+    """The variable the settings string torch parsed came from, or ''."""
+    for var in ("GPUMEM_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        if os.environ.get(var) is not None:
+            return var
+    return ""
+
+
+def _torch_settings(mod) -> tuple[dict, str]:
+    """The settings torch parsed (GPUMEM_ALLOC_CONF applied), and their source;
+    one warning per key gpumem does not honour."""
+    source = _conf_source()
+    override = os.environ.get("GPUMEM_ALLOC_CONF")
+    try:
+        info = mod.torch_settings(override)
+    except ValueError as e:
+        text = os.environ.get(source, "") if source else ""
+        raise AllocConfError(f"{source}={text!r} is invalid: {e}") from None
+    import warnings
+    for line in mod.ignored_entries(info["conf"], source or "the allocator settings"):
+        warnings.warn(line, UserWarning, stacklevel=3)
+    return info["settings"], source
 
 
 def _check_oom_recording(environ: Optional[Mapping[str, str]] = None) -> None:
@@ -186,7 +212,6 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
     with _lock:
         if _shim_state.loaded() is None:
             torch = _import_torch()
-            settings, source = _read_settings()
             _check_oom_recording()  # refused before anything is swapped in
             from gpumem import _shim_build
             loaded = sys.modules.get(_shim_build.MODULE_NAME)
@@ -196,6 +221,7 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
                 mod = _shim_build.load()
             except _shim_build.ShimBuildError as e:
                 raise InstallError(f"gpumem.install(): {e}") from e
+            settings, source = _torch_settings(mod)
             if not mod.is_current():
                 if torch.cuda.is_initialized():
                     raise _not_initialised_error()
@@ -215,8 +241,15 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
 
 
 def settings_in_effect() -> tuple[dict, str]:
-    """(the allocator settings dict, the variable they came from or '')."""
-    return _shim_state.settings() or _read_settings()
+    """(the allocator settings dict, the variable they came from or '').
+
+    After install(), the settings in force (changed at run time too);
+    before, a preview read from the variables without torch.
+    """
+    state = _shim_state.settings()
+    if state is None:
+        return _read_settings()
+    return shim().settings(), state[1]
 
 
 # ------------------------------------------------------------- patching
@@ -243,6 +276,12 @@ def _patch_table() -> dict[str, Any]:
         "_set_memory_metadata": history._set_memory_metadata,
         "_get_memory_metadata": history._get_memory_metadata,
         "_memory_metadata_supported": stats._memory_metadata_supported,
+        "_allocation_traceback": history._allocation_traceback,
+        # torch._C's entry points (C_PATCHED)
+        "_cuda_record_memory_history": history._cuda_record_memory_history,
+        "_cuda_record_memory_history_legacy": history._cuda_record_memory_history_legacy,
+        "_cuda_memorySnapshot": history._cuda_memory_snapshot,
+        "_cuda_allocationTraceback": history._allocation_traceback,
     }
 
 
@@ -253,7 +292,12 @@ PATCHED = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_r
            "memory_summary", "empty_cache", "mem_get_info", "set_per_process_memory_fraction",
            "get_per_process_memory_fraction", "memory_snapshot", "_record_memory_history",
            "_snapshot", "_dump_snapshot", "_set_memory_metadata", "_get_memory_metadata",
-           "_memory_metadata_supported")
+           "_memory_metadata_supported", "_allocation_traceback")
+
+#: The torch._C entry points under them, routed too: torch's own tests and
+#: some frameworks call them directly (torch._C._cuda_memorySnapshot(None)).
+C_PATCHED = ("_cuda_record_memory_history", "_cuda_record_memory_history_legacy",
+             "_cuda_memorySnapshot", "_cuda_allocationTraceback")
 
 
 def _apply_patches() -> None:
@@ -275,6 +319,14 @@ def _apply_patches() -> None:
             _originals[key] = cur
             _replacements[key] = new
             setattr(mod, name, new)
+    for name in C_PATCHED:
+        cur = getattr(torch._C, name, None)
+        key = (torch._C, name)
+        if cur is None or (key in _replacements and cur is _replacements[key]):
+            continue
+        _originals[key] = cur
+        _replacements[key] = table[name]
+        setattr(torch._C, name, table[name])
     _apply_autograd_patches()
 
 

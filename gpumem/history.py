@@ -23,7 +23,7 @@ import pickle
 import sys
 from typing import Any
 
-from gpumem import _C
+from gpumem import _C, _shim_state
 from gpumem._atomic import write_atomic
 from gpumem._conf import ConfError, settings_for_snapshot
 
@@ -45,6 +45,10 @@ __all__ = [
     "_dump_snapshot",
     "_set_memory_metadata",
     "_get_memory_metadata",
+    "_allocation_traceback",
+    "_cuda_record_memory_history",
+    "_cuda_record_memory_history_legacy",
+    "_cuda_memory_snapshot",
 ]
 
 #: Pickle protocol of dump_snapshot: MemoryViz reads protocols 2 to 4 only.
@@ -58,7 +62,7 @@ CONTEXTS = tuple(_CONTEXT)
 STACKS = tuple(_STACKS)
 # torch's TraceEntry::Action order (the bit index of skip_actions).
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-           "segment_map", "segment_unmap", "snapshot", "oom")
+           "segment_map", "segment_unmap", "snapshot", "oom", "annotate")
 
 # torch's wording (torch/csrc/cuda/memory_snapshot.cpp).
 _ENABLED_MSG = "expected state to be 'state', 'all', or None"
@@ -137,6 +141,15 @@ def record_memory_history(
     n = _max_entries(max_entries)
     mask = _skip_mask(skip_actions)
     _C._hist_configure(e, c, s, n, bool(clear_history), mask)
+    _follow_annotations(e != 0, False)
+
+
+def _follow_annotations(enabled: bool, global_: bool) -> None:
+    """Under torch, record record_function ranges while recording, as torch
+    does (external_annotations; Note [Annotations] in the torch shim)."""
+    shim = _shim_state.loaded()
+    if shim is not None and shim.exists():
+        shim.set_annotations(enabled, bool(global_))
 
 
 def _record_memory_history(
@@ -172,6 +185,8 @@ def _record_memory_history(
         enabled = None
     record_memory_history(enabled, context, stacks, max_entries, clear_history,
                           device=device, skip_actions=skip_actions)
+    if global_record_annotations and enabled is not None:
+        _follow_annotations(True, True)
 
 
 def _record_memory_history_legacy(
@@ -187,6 +202,7 @@ def _record_memory_history_legacy(
     """torch's pre-2.1 form: _record_memory_history(True, trace_alloc_max_entries=N, ...)."""
     if not enabled:
         _C._hist_configure(0, 0, False, 1, False, 0)
+        _follow_annotations(False, False)
         return
     if trace_alloc_record_context:
         context = 2
@@ -196,6 +212,7 @@ def _record_memory_history_legacy(
         context = 0
     n = _max_entries(trace_alloc_max_entries)
     _C._hist_configure(2, context, bool(record_context_cpp), n, bool(clear_history), 0)
+    _follow_annotations(True, False)
 
 
 def recording_config() -> dict:
@@ -212,6 +229,9 @@ def recording_config() -> dict:
 
 
 def _allocator_settings(settings: dict | None) -> dict:
+    shim = _shim_state.loaded()
+    if shim is not None and shim.exists():
+        return shim.allocator_settings()  # torch's settings, which gpumem runs with
     conf = settings if settings is not None else _C.default_settings()
     try:
         return settings_for_snapshot(conf)
@@ -228,8 +248,15 @@ def _allocator_settings(settings: dict | None) -> dict:
             "release_lock_on_cudamalloc": False,
             "pinned_use_cuda_host_register": False,
             "graph_capture_record_stream_reuse": False,
+            "max_round_threshold": -1,
+            "max_cached_size": -1,
             "roundup_power2_divisions": {str(1 << i): d for i, d in enumerate(divs)},
         }
+
+
+def _annotations() -> list:
+    shim = _shim_state.loaded()
+    return shim.annotations() if shim is not None and shim.exists() else []
 
 
 def _take(clamp: bool, augment_with_fx_traces: bool) -> dict:
@@ -238,7 +265,9 @@ def _take(clamp: bool, augment_with_fx_traces: bool) -> dict:
         "segments": segments,
         "device_traces": traces,
         "allocator_settings": _allocator_settings(settings),
-        "external_annotations": [],
+        "external_annotations": _annotations(),
+        "host_segments": [],  # gpumem does not manage pinned host memory
+        "host_traces": [],
     }
     if augment_with_fx_traces:
         try:
@@ -253,7 +282,8 @@ def snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:
     """The state of every registered allocator, in torch's snapshot schema.
 
     Returns {'segments', 'device_traces', 'allocator_settings',
-    'external_annotations'}; device_traces has one list per device index,
+    'external_annotations', 'host_segments', 'host_traces'} (the last two
+    always empty); device_traces has one list per device index,
     oldest event first.  While recording, a 'snapshot' marker is recorded
     after the trace is copied (so it shows up in the next snapshot, as in
     torch).  ``device`` is accepted for torch compatibility and ignored:
@@ -329,3 +359,55 @@ def _set_memory_metadata(metadata: str) -> None:
 def _get_memory_metadata() -> str:
     """torch.cuda.memory._get_memory_metadata."""
     return get_memory_metadata()
+
+
+def _allocation_traceback(data_ptr: int) -> list | None:
+    """torch.cuda.memory._allocation_traceback: the stack that allocated the
+    live allocation starting at data_ptr, or None (not found, or recorded
+    without a stack)."""
+    segments, _traces, _settings = _C._hist_snapshot(clamp=False)
+    for seg in segments:
+        for b in seg["blocks"]:
+            if b["address"] == data_ptr and b["state"] == "active_allocated":
+                return list(b["frames"]) or None
+    return None
+
+
+# torch._C's entry points, with their positional arguments (torch/cuda/memory.py
+# calls them so; some code calls them directly).
+
+def _cuda_record_memory_history(enabled: Any, context: Any = "all", stacks: str = "all",
+                                max_entries: int = sys.maxsize, clear_history: bool = False,
+                                compile_context: bool = False,
+                                global_record_annotations: bool = False,
+                                skip_actions: list[str] | None = None,
+                                record_pinned_host_memory: bool = False,
+                                record_cuda: bool = True) -> None:
+    """torch._C._cuda_record_memory_history."""
+    _record_memory_history(enabled, context, stacks, max_entries, None, clear_history,
+                           compile_context, global_record_annotations, skip_actions or None,
+                           record_pinned_host_memory, record_cuda)
+
+
+def _cuda_record_memory_history_legacy(enabled: bool, record_context: bool = True,
+                                       trace_alloc_max_entries: int = 1,
+                                       trace_alloc_record_context: bool = False,
+                                       record_context_cpp: bool = False,
+                                       clear_history: bool = False, *ignored: Any) -> None:
+    """torch._C._cuda_record_memory_history_legacy."""
+    _record_memory_history_legacy(bool(enabled), record_context, trace_alloc_max_entries,
+                                  trace_alloc_record_context, None, record_context_cpp,
+                                  clear_history)
+
+
+def _cuda_memory_snapshot(arg: Any = None) -> dict:
+    """torch._C._cuda_memorySnapshot(None | (pool id) | (pool id, include_traces))."""
+    snap = snapshot()
+    if arg is None:
+        return snap
+    pool = tuple(arg[:2])
+    if pool != (0, 0):
+        snap["segments"] = []  # gpumem has no private pools
+    if len(arg) > 2 and not arg[2]:
+        snap["device_traces"] = [[] for _ in snap["device_traces"]]
+    return snap

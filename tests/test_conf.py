@@ -46,37 +46,46 @@ def test_expandable_segments_bad(bad):
     assert "'expandable_segments'" in msg and f"'{bad}'" in msg and "True and False" in msg
 
 
-@pytest.mark.parametrize("mb", [21, 64, 128, 4096])
+@pytest.mark.parametrize("mb", [20, 21, 64, 128, 4096])
 def test_max_split_size(mb):
     assert parse_conf(f"max_split_size_mb:{mb}")["max_split_size"] == mb * MiB
 
 
-def test_max_split_size_up_to_what_the_allocator_stores():
+def test_max_split_size_is_clamped_to_what_the_allocator_stores():
     """Issue 16.9: 2**43 MiB and more gave OverflowError at install(); torch
-    clamps such values, gpumem refuses them (the bytes must fit in 63 bits)."""
+    clamps such values (to SIZE_MAX / 1 MiB), gpumem clamps them to the
+    largest whose bytes fit in 63 bits; 2**64 and more torch refuses."""
     from gpumem import _C
     largest = parse_conf(f"max_split_size_mb:{MAX_SPLIT_MB}")
     assert largest["max_split_size"] == MAX_SPLIT_MB * MiB < 1 << 63
     a = _C.Allocator(capacity=64 * MiB, settings=largest)
     assert a.settings()["max_split_size"] == MAX_SPLIT_MB * MiB
     assert parse_conf(format_conf(largest)) == largest
-    for text in (str(MAX_SPLIT_MB + 1), "8796093022208", "99999999999999999999", "9" * 5000):
-        with pytest.raises(ConfError, match="below 2\\*\\*43"):
+    for text in (str(MAX_SPLIT_MB + 1), "8796093022208", str((1 << 64) - 1)):
+        assert parse_conf(f"max_split_size_mb:{text}") == largest
+    for text in (str(1 << 64), "99999999999999999999", "9" * 5000):
+        with pytest.raises(ConfError, match="at least 20"):
             parse_conf(f"max_split_size_mb:{text}")
     with pytest.raises(ConfError, match="below 2\\*\\*43"):
         format_conf(dict(default_conf(), max_split_size=(MAX_SPLIT_MB + 1) * MiB))
 
 
-def test_roundup_divisions_up_to_what_the_allocator_stores():
-    """Issue 16.9: 2**40 divisions were silently stored as 0."""
+def test_roundup_divisions_are_clamped_to_what_the_allocator_stores():
+    """Issue 16.9: 2**40 divisions were silently stored as 0.  Torch accepts
+    any power of two; gpumem clamps counts above 2**31, which round every
+    request under 1 TiB as the larger count does."""
     from gpumem import _C
-    assert parse_conf(f"roundup_power2_divisions:{1 << 31}")["roundup_power2_divisions"] == \
-        [1 << 31] * 16
-    for text in (str(1 << 32), str(1 << 40), f"[256:{1 << 40}]", f"[>:{1 << 32}]"):
-        with pytest.raises(ConfError, match="up to 2\\*\\*31"):
+    top = [1 << 31] * 16
+    assert parse_conf(f"roundup_power2_divisions:{1 << 31}")["roundup_power2_divisions"] == top
+    for text in (str(1 << 32), str(1 << 40), str(1 << 63), f"[32768:{1 << 40}]"):
+        assert parse_conf(f"roundup_power2_divisions:{text}")["roundup_power2_divisions"] == top
+    for text in (str(1 << 64), f"[256:{1 << 64}]", str(3 << 40)):
+        with pytest.raises(ConfError, match="power of two"):
             parse_conf(f"roundup_power2_divisions:{text}")
     with pytest.raises(ConfError, match="up to 2\\*\\*31"):
         format_conf(dict(default_conf(), roundup_power2_divisions=[1 << 40] * 16))
+    for size in (MiB + 1, 3 * MiB + 513, 40 * MiB + 7):
+        assert _C.round_size(size, {"roundup_power2_divisions": top}) == -(-size // 512) * 512
     # the extension refuses what would not fit instead of truncating it
     for divs in ([1 << 40] * 16, [-1] * 16, [1 << 32] * 16):
         with pytest.raises(ValueError, match="up to 2\\*\\*31"):
@@ -100,12 +109,13 @@ def test_parse_uint():
     assert parse_uint("0" * 5000 + "7", 10) == 7
 
 
-@pytest.mark.parametrize("bad", ["20", "0", "-64", "64.5", "abc", "1e3"])
+@pytest.mark.parametrize("bad", ["19", "0", "-64", "64.5", "abc", "1e3"])
 def test_max_split_size_bad(bad):
+    # torch's rule: max_split_size_mb must be >= 20
     with pytest.raises(ConfError) as ei:
         parse_conf(f"max_split_size_mb:{bad}")
     msg = str(ei.value)
-    assert "'max_split_size_mb'" in msg and "greater than 20" in msg
+    assert "'max_split_size_mb'" in msg and "at least 20" in msg
 
 
 @pytest.mark.parametrize("value", [0.5, 0.01, 0.999])

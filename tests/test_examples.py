@@ -102,8 +102,11 @@ def test_loss_history_leak_grows_every_step(runs):
     cwd, out, _ = result(runs, "loss_history_leak")
     before, after = load(cwd / "loss_leak_before.pickle"), load(cwd / "loss_leak_after.pickle")
     assert live_bytes(after) - live_bytes(before) > 4 * 100 * MiB   # 4 more steps of graphs
-    marks = [m["name"] for m in after["external_annotations"]]
+    # rec.step()'s markers, beside the record_function ranges (torch's
+    # optimizers open one per step) recorded while recording, as torch does
+    marks = [m["name"] for m in after["external_annotations"] if m["name"].startswith("step ")]
     assert marks[:3] == ["step 0", "step 1", "step 2"]
+    assert any(m["name"].startswith("Optimizer.step") for m in after["external_annotations"])
     assert "gpumem diff" in out.stdout
 
 
@@ -128,9 +131,10 @@ def test_before_after_writes_two_snapshots_and_after_grew(runs):
 def test_step_range_records_only_its_steps(runs):
     cwd, out, _ = result(runs, "step_range")
     snap = load(cwd / "step_range.pickle")
-    assert [m["name"] for m in snap["external_annotations"]] == ["step 10", "step 11", "step 12"]
+    steps = [m for m in snap["external_annotations"] if m["name"].startswith("step ")]
+    assert [m["name"] for m in steps] == ["step 10", "step 11", "step 12"]
     first = min(e["time_us"] for t in snap["device_traces"] for e in t)
-    assert first >= snap["external_annotations"][0]["time_us"]
+    assert first >= steps[0]["time_us"]
     assert "training goes on" in out.stdout
 
 

@@ -581,6 +581,36 @@ def test_memory_sizes(lib, value, expected):
     """, env={"GPUMEM_FAKECUDA_MEMORY": value})
 
 
+def test_context_memory_is_charged_while_the_context_is_active(lib):
+    # Note [Context memory]: an active primary context holds device memory
+    run(lib, """
+        ok(cuInit(0))
+        assert dev0()["bytes_context"] == 0
+        ctx = init()
+        f, t = sz(), sz(); ok(cuMemGetInfo_v2(C.byref(f), C.byref(t)))
+        assert (f.value, t.value) == (64 * MiB - 24 * MiB, 64 * MiB)
+        d = dev0(); assert (d["bytes_context"], d["bytes_used"]) == (24 * MiB, 24 * MiB)
+        p = alloc(40 * MiB)                              # exactly what is left
+        q = u64(); ok(cuMemAlloc_v2(C.byref(q), 1), OOM)  # the context's share is not free
+        c2 = vp(); ok(cuDevicePrimaryCtxRetain(C.byref(c2), 0))   # charged once
+        assert dev0()["bytes_context"] == 24 * MiB
+        ok(cuMemFree_v2(p))
+        ok(cuDevicePrimaryCtxRelease(0)); ok(cuDevicePrimaryCtxRelease(0))
+        assert dev0()["bytes_context"] == 0 and dev0()["peak_bytes_used"] == 64 * MiB
+        ok(cuDevicePrimaryCtxRetain(C.byref(c2), 0))     # active again: charged again
+        assert fakecuda_query(b"bytes_context", 0) == 24 * MiB
+    """, env={"GPUMEM_FAKECUDA_MEMORY": "64MiB", "GPUMEM_SIM_CONTEXT_MEMORY": "24MiB"})
+    # a device too small for its context refuses it, as the driver does
+    run(lib, """
+        ok(cuInit(0)); c = vp()
+        ok(cuDevicePrimaryCtxRetain(C.byref(c), 0), OOM)
+        assert dev0()["primary_ctx_refcount"] == 0
+    """, env={"GPUMEM_FAKECUDA_MEMORY": "16MiB", "GPUMEM_FAKECUDA_CONTEXT_MEMORY": "24MiB"})
+    proc = run(lib, "assert cuInit(0) == INVALID_VALUE",
+               env={"GPUMEM_FAKECUDA_CONTEXT_MEMORY": "lots"})
+    assert "GPUMEM_FAKECUDA_CONTEXT_MEMORY='lots' is invalid" in proc.stderr, proc.stderr
+
+
 def test_devices_and_attributes(lib):
     run(lib, """
         ok(cuInit(0))

@@ -26,11 +26,10 @@ def test_install_twice_and_patches_reverse():
         restored = [f.__module__ for f in (torch.cuda.memory_stats, tmem.memory_stats,
                                            tmem._snapshot, tmem._dump_snapshot,
                                            torch.cuda.memory_summary, torch.cuda.empty_cache)]
-        try:
-            tmem._snapshot()
-            native_snapshot = "ok"
-        except RuntimeError as e:
-            native_snapshot = str(e)
+        keep = torch.ones(1000, device="cuda")
+        native = tmem._snapshot()               # torch's own, through the C++ interface
+        native_snapshot = {"segments": len(native["segments"]),
+                           "c_entry": torch._C._cuda_memorySnapshot.__module__}
         gpumem.install()                        # patches again
         again = torch.cuda.memory_stats is gpumem.memory_stats
         try:
@@ -48,8 +47,10 @@ def test_install_twice_and_patches_reverse():
     assert set(o["restored"]) == {"torch.cuda.memory"}, o["restored"]
     assert o["again"] and o["installed"]
     assert "device 5 does not exist" in o["bad_device"], o["bad_device"]
-    # torch's own _snapshot cannot serve a custom allocator; gpumem says where to go
-    assert "gpumem.install(patch_torch=True)" in o["native_snapshot"], o["native_snapshot"]
+    # torch's own _snapshot, unpatched, still sees gpumem's segments (through
+    # the allocator's C++ snapshot interface: no frames, no traces)
+    assert o["native_snapshot"]["segments"] >= 1, o["native_snapshot"]
+    assert o["native_snapshot"]["c_entry"] == "torch._C", o["native_snapshot"]
     assert o["allocated"] > 0
 
 
@@ -102,10 +103,7 @@ def test_install_after_a_cuda_tensor_exists():
     ("max_split_size_mb:10", ["max_split_size_mb", "10"]),
     ("garbage_collection_threshold:1.5", ["garbage_collection_threshold"]),
     ("roundup_power2_divisions:3", ["roundup_power2_divisions"]),
-    # issue 16.9: OverflowError at install(), and 2**40 divisions silently read as 0
-    ("max_split_size_mb:8796093022208", ["max_split_size_mb", "8796093022208"]),
-    ("roundup_power2_divisions:1099511627776", ["roundup_power2_divisions", "1099511627776"]),
-    ("expandable_segments:True,release_lock_on_cudamalloc:True", ["release_lock_on_cudamalloc"]),
+    ("max_split_size_mb:19", ["max_split_size_mb too small, must be >= 20"]),  # torch's text
     ("foo:1", ["'foo'"]),
 ])
 def test_bad_gpumem_alloc_conf_is_refused_at_install(conf, names):
@@ -127,6 +125,30 @@ def test_bad_gpumem_alloc_conf_is_refused_at_install(conf, names):
     for n in names:
         assert n in o["err"], o["err"]
     assert not o["cuda_initialized"] and not o["installed"]
+
+
+@pytest.mark.slow
+@needs_torch
+def test_numbers_too_large_to_store_are_clamped_at_install():
+    """Issue 16.9: max_split_size_mb:2**43 raised OverflowError at install()
+    and 2**40 divisions were read as 0 (no rounding).  Torch accepts both;
+    gpumem clamps the division count to 2**31, which rounds every request
+    under 1 TiB as 2**40 does, and keeps torch's clamped max_split_size."""
+    o = run_gm('''
+        x = torch.empty(84 * 2**20 + 1, dtype=torch.uint8, device="cuda")
+        from gpumem._torch import settings_in_effect
+        s, source = settings_in_effect()
+        emit({"divs": s["roundup_power2_divisions"], "split": s["max_split_size"],
+              "source": source,
+              "reserved": torch.cuda.memory_reserved()})
+    ''', env={"GPUMEM_ALLOC_CONF": "max_split_size_mb:8796093022208,"
+                                    "roundup_power2_divisions:1099511627776"})
+    assert o["divs"] == [1 << 31] * 16, o
+    assert o["split"] >= 8796093022208 * 2**20 or o["split"] == -1, o
+    assert o["source"] == "GPUMEM_ALLOC_CONF"
+    # 84 MiB + 1 byte, rounded to 512 bytes (divisions as large as this round
+    # like none), in one 86 MiB segment (requests above 10 MiB round to 2 MiB)
+    assert o["reserved"] == 86 * 2**20, o
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Out of memory and record_stream through gpumem's torch allocator, on the
-simulated GPU: torch.cuda.OutOfMemoryError with torch's layout and gpumem's
-wording (never a NULL data pointer), the allocator usable afterwards, the
+simulated GPU: torch.cuda.OutOfMemoryError with torch's message, word for
+word (never a NULL data pointer), the allocator usable afterwards, the
 memory fraction, OOM observers; and a block freed while a side stream's
 event is pending is not handed out again until the event completes."""
 
@@ -18,9 +18,11 @@ OOM_RE = re.compile(
     r"^CUDA out of memory\. Tried to allocate (?P<want>[\d.]+ [KMG]iB)\. GPU 0 has a total "
     r"capacity of (?P<total>[\d.]+ [KMG]iB) of which (?P<free>[\d.]+ [KMG]iB|\d+ bytes) is free\. "
     r"(?P<allowed>[\d.]+ [KMG]iB allowed; )?Of the allocated memory (?P<alloc>[\d.]+ [KMG]iB|\d+ "
-    r"bytes) is allocated by gpumem, and (?P<unalloc>[\d.]+ [KMG]iB|\d+ bytes) is reserved by "
-    r"gpumem but unallocated\. If reserved but unallocated memory is large try setting "
-    r"GPUMEM_ALLOC_CONF=expandable_segments:True to avoid fragmentation\.$")
+    r"bytes) is allocated by PyTorch, and (?P<unalloc>[\d.]+ [KMG]iB|\d+ bytes) is reserved by "
+    r"PyTorch but unallocated\. If reserved but unallocated memory is large try setting "
+    r"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation\.  See "
+    r"documentation for Memory Management  \(https://docs\.pytorch\.org/docs/stable/notes/"
+    r"cuda\.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf\)$")
 
 OOM_SNIPPET = '''
 def oom(n):

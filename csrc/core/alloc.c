@@ -124,8 +124,9 @@ int gm_alloc_set_memory_fraction(gm_alloc_t *a, double fraction) {
     size_t dev_free = 0, dev_total = 0;
     int rc = gm_dev_mem_get_info(a, &dev_free, &dev_total);
     if (rc == GM_OK) {
-        a->allowed_memory_maximum = (size_t)(fraction * (double)dev_total);
-        a->set_fraction = 1;
+        /* torch: the whole device is no limit at all */
+        a->set_fraction = fraction < 1.0;
+        a->allowed_memory_maximum = a->set_fraction ? (size_t)(fraction * (double)dev_total) : 0;
     }
     gm_unlock(a);
     return rc;
@@ -144,6 +145,28 @@ size_t gm_alloc_memory_limit(gm_alloc_t *a) {
     size_t r = a->set_fraction ? a->allowed_memory_maximum : 0;
     gm_unlock(a);
     return r;
+}
+
+int gm_alloc_get_memory_limit(gm_alloc_t *a, size_t *bytes) {
+    gm_lock(a);
+    int set = a->set_fraction;
+    if (bytes)
+        *bytes = set ? a->allowed_memory_maximum : 0;
+    gm_unlock(a);
+    return set;
+}
+
+void gm_alloc_set_caching(gm_alloc_t *a, int enabled) {
+    gm_lock(a);
+    a->uncached = !enabled;
+    gm_unlock(a);
+}
+
+int gm_alloc_caching(gm_alloc_t *a) {
+    gm_lock(a);
+    int on = !a->uncached;
+    gm_unlock(a);
+    return on;
 }
 
 void gm_alloc_get_stats(gm_alloc_t *a, gm_stats_t *out) {

@@ -65,8 +65,10 @@ static gm_block_t *find_expandable_block(gm_alloc_t *a, uintptr_t stream, gm_poo
         return NULL;
     size_t g = a->granularity;
     size_t va_size = (dev_total + dev_total / 8 + g - 1) / g * g;
-    if (va_size < size)
-        va_size = (size + g - 1) / g * g;
+    if (va_size < size) { /* more than the device could ever map: out of memory */
+        *rc = GM_EOOM;
+        return NULL;
+    }
     gm_expseg_t *es = calloc(1, sizeof *es);
     if (!es) {
         *rc = GM_ENOMEM;

@@ -94,8 +94,9 @@ typedef struct gm_oom_info {
     size_t allocated;        /* allocated_bytes.all.current */
     size_t reserved;         /* reserved_bytes.all.current */
     size_t reserved_unallocated;
-    size_t allowed;          /* the memory limit, 0 when none */
+    size_t allowed;          /* the memory limit, 0 when none (see has_limit) */
     int limit_hit;           /* refused by the limit, not the device */
+    int has_limit;           /* a limit is in force (it may be 0 bytes) */
 } gm_oom_info_t;
 
 /* Trace actions, in PyTorch's TraceEntry order. */
@@ -109,6 +110,7 @@ typedef enum gm_action {
     GM_ACT_SEGMENT_UNMAP,
     GM_ACT_SNAPSHOT,
     GM_ACT_OOM,
+    GM_ACT_ANNOTATE, /* metadata attached to a live allocation after the fact */
     GM_ACT_COUNT
 } gm_action_t;
 
@@ -139,17 +141,30 @@ int gm_alloc_free(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx);
 int gm_alloc_block_size(gm_alloc_t *a, uintptr_t ptr, size_t *size, size_t *requested,
                         uintptr_t *stream);
 int gm_alloc_record_stream(gm_alloc_t *a, uintptr_t ptr, uintptr_t stream);
+/* An `annotate` event for the live block at ptr (exact start address):
+ * addr ptr, size its requested size, its stream, context ctx. Changes no
+ * state. GM_ENOTFOUND when nothing is allocated there. */
+int gm_alloc_annotate(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx);
 /* Poll outstanding events (also done at the start of every malloc). */
 int gm_alloc_process_events(gm_alloc_t *a, uint32_t ctx);
 /* Wait for all events, then return every wholly free segment (and every
  * wholly free granule of expandable segments) to the device. */
 int gm_alloc_empty_cache(gm_alloc_t *a, uint32_t ctx);
 
-/* Limit like set_per_process_memory_fraction: fraction of device total. */
+/* Limit like torch's set_per_process_memory_fraction: fraction x device
+ * total bytes (0 allowed: nothing can be reserved); 1.0 removes the limit. */
 int gm_alloc_set_memory_fraction(gm_alloc_t *a, double fraction);
 /* Limit in bytes; 0 removes the limit. */
 int gm_alloc_set_memory_limit(gm_alloc_t *a, size_t bytes);
-size_t gm_alloc_memory_limit(gm_alloc_t *a); /* 0 = none */
+size_t gm_alloc_memory_limit(gm_alloc_t *a); /* 0 = none (or a limit of 0 bytes) */
+/* 1 and the limit in *bytes when one is in force (even of 0 bytes), else 0. */
+int gm_alloc_get_memory_limit(gm_alloc_t *a, size_t *bytes);
+
+/* Caching on (the default) or off, as torch's caching_allocator_enable:
+ * while off, every request gets a device allocation of its own and memory
+ * goes back to the device as soon as its segment is wholly free. */
+void gm_alloc_set_caching(gm_alloc_t *a, int enabled);
+int gm_alloc_caching(gm_alloc_t *a);
 
 int gm_alloc_set_settings(gm_alloc_t *a, const gm_settings_t *settings);
 void gm_alloc_get_settings(gm_alloc_t *a, gm_settings_t *out);

@@ -36,7 +36,9 @@ typedef struct request {
 } request_t;
 
 /* New device memory for the request. 1 on success, 0 when out of memory
- * (the device's or the limit's), <0 on other errors. */
+ * (the device's or the limit's), <0 on other errors. With caching off the
+ * request gets a plain segment of its own size, as torch's uncached path
+ * gets a cudaMalloc of its own. */
 static int alloc_block(gm_alloc_t *a, request_t *r, int is_retry, uint32_t ctx) {
     if (is_retry)
         gm_stats_alloc_retry(a);
@@ -44,7 +46,7 @@ static int alloc_block(gm_alloc_t *a, request_t *r, int is_retry, uint32_t ctx) 
         r->limit_hit = 1;
         return 0;
     }
-    if (gm_expandable_on(a))
+    if (gm_expandable_on(a) && !a->uncached)
         return gm_expandable_alloc_unlocked(a, r->stream, r->pool, r->size, ctx, &r->block);
     return gm_segment_alloc_unlocked(a, r->pool, r->stream, r->alloc_size, ctx, &r->block);
 }
@@ -103,15 +105,30 @@ static void fill_oom(gm_alloc_t *a, const request_t *r, size_t orig, size_t dev_
     oom->reserved = gm_reserved_bytes(a);
     oom->reserved_unallocated = oom->reserved - oom->allocated;
     oom->allowed = a->set_fraction ? a->allowed_memory_maximum : 0;
+    oom->has_limit = a->set_fraction;
     oom->limit_hit = r->limit_hit;
 }
 
-/* Find or make a block for r: 1, 0 (out of memory) or <0. */
+/* Poll the events; with caching off, what their completion freed goes
+ * back to the device at once. */
+static int process_events(gm_alloc_t *a, uint32_t ctx) {
+    int rc = gm_events_process_unlocked(a, ctx);
+    if (rc == GM_OK && a->uncached)
+        rc = gm_release_free_unlocked(a, ctx);
+    return rc;
+}
+
+/* Find or make a block for r: 1, 0 (out of memory) or <0. With caching
+ * off nothing cached is reused and nothing is collected. */
 static int find_or_make(gm_alloc_t *a, request_t *r, uint32_t ctx) {
-    if ((r->block = gm_pool_find_free_unlocked(a, r->pool, r->stream, r->size)))
-        return 1;
-    if (a->set_fraction && a->settings.garbage_collection_threshold > 0.0)
-        gm_release_gc_unlocked(a, ctx);
+    if (a->uncached) {
+        r->alloc_size = r->size;
+    } else {
+        if ((r->block = gm_pool_find_free_unlocked(a, r->pool, r->stream, r->size)))
+            return 1;
+        if (a->set_fraction && a->settings.garbage_collection_threshold > 0.0)
+            gm_release_gc_unlocked(a, ctx);
+    }
     int found = alloc_block(a, r, 0, ctx);
     if (found == 0 && gm_release_oversize_unlocked(a, r->pool, r->stream, r->size, ctx))
         found = alloc_block(a, r, 0, ctx);
@@ -132,7 +149,7 @@ int gm_alloc_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t 
     if (orig_size > GM_MAX_REQUEST)
         return GM_EINVAL;
     gm_lock(a);
-    int rc = gm_events_process_unlocked(a, ctx);
+    int rc = process_events(a, ctx);
     if (rc == GM_OK && gm_ptrmap_reserve(&a->active, 1))
         rc = GM_ENOMEM;
     if (rc) {
@@ -209,8 +226,11 @@ int gm_alloc_free(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx) {
     int rc = GM_OK;
     if (b->n_uses)
         rc = gm_events_insert_unlocked(a, b);
-    if (gm_block_is_free(b))
+    if (gm_block_is_free(b)) {
         gm_pool_return_unlocked(a, b, ctx);
+        if (rc == GM_OK)
+            rc = gm_release_uncached_unlocked(a, b, ctx);
+    }
     GM_DEEP_CHECK(a);
     gm_unlock(a);
     return rc;
@@ -242,9 +262,18 @@ int gm_alloc_record_stream(gm_alloc_t *a, uintptr_t ptr, uintptr_t stream) {
     return rc;
 }
 
+int gm_alloc_annotate(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx) {
+    gm_lock(a);
+    gm_block_t *b = live_block(a, ptr);
+    if (b)
+        gm_trace_unlocked(a, GM_ACT_ANNOTATE, b->ptr, b->requested_size, b->stream, ctx);
+    gm_unlock(a);
+    return b ? GM_OK : GM_ENOTFOUND;
+}
+
 int gm_alloc_process_events(gm_alloc_t *a, uint32_t ctx) {
     gm_lock(a);
-    int rc = gm_events_process_unlocked(a, ctx);
+    int rc = process_events(a, ctx);
     gm_unlock(a);
     return rc;
 }

@@ -49,6 +49,17 @@ int gm_release_oversize_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t strea
     return released >= key.size;
 }
 
+int gm_release_uncached_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
+    if (!a->uncached)
+        return GM_OK;
+    if (!b->expseg)
+        return gm_segment_is_releasable(b) ? gm_segment_release_unlocked(a, b, ctx) : GM_OK;
+    int rc = gm_expandable_unmap_unlocked(a, b, ctx);
+    if (rc == GM_OK && !b->mapped && !b->prev && !b->next)
+        rc = gm_expandable_release_unlocked(a, b);
+    return rc;
+}
+
 static int release_pool(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx) {
     int rc = GM_OK;
     size_t n_exp = 0;
@@ -80,13 +91,14 @@ static int release_pool(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx) {
     return rc;
 }
 
+int gm_release_free_unlocked(gm_alloc_t *a, uint32_t ctx) {
+    int rc = release_pool(a, &a->large_pool, ctx);
+    return rc ? rc : release_pool(a, &a->small_pool, ctx);
+}
+
 int gm_release_all_unlocked(gm_alloc_t *a, uint32_t ctx) {
     int rc = gm_events_sync_all_unlocked(a, ctx);
-    if (rc)
-        return rc;
-    if ((rc = release_pool(a, &a->large_pool, ctx)))
-        return rc;
-    return release_pool(a, &a->small_pool, ctx);
+    return rc ? rc : gm_release_free_unlocked(a, ctx);
 }
 
 void gm_release_gc_unlocked(gm_alloc_t *a, uint32_t ctx) {

@@ -16,8 +16,14 @@ int gm_release_oversize_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t strea
 /* Wait for every event, then release every wholly free plain segment and
  * every wholly free granule of expandable segments. */
 int gm_release_all_unlocked(gm_alloc_t *a, uint32_t ctx);
+/* The same without waiting: only what is free now goes back. */
+int gm_release_free_unlocked(gm_alloc_t *a, uint32_t ctx);
 /* Release large unsplit cached blocks older than average until the
  * reserved memory is below the threshold of the limit. */
 void gm_release_gc_unlocked(gm_alloc_t *a, uint32_t ctx);
+/* With caching off (a->uncached), free block b, just returned to its pool,
+ * goes back to the device if its segment (or its granules) are now wholly
+ * free; with caching on, nothing happens. */
+int gm_release_uncached_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx);
 
 #endif /* GM_CORE_RELEASE_H */

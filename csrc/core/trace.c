@@ -5,7 +5,7 @@
 
 static const char *const action_names[GM_ACT_COUNT] = {
     "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
-    "segment_map", "segment_unmap",  "snapshot",       "oom"};
+    "segment_map", "segment_unmap",  "snapshot",       "oom",           "annotate"};
 
 const char *gm_action_name(int action) {
     if (action < 0 || action >= GM_ACT_COUNT)

@@ -117,6 +117,7 @@ struct gm_alloc {
 
     size_t allowed_memory_maximum;
     int set_fraction;       /* a memory limit is in force */
+    int uncached;           /* caching is off (gm_alloc_set_caching) */
 
     gm_expseg_t *expsegs;
     gm_events_t events;

@@ -5,11 +5,15 @@
  * Capture stores raw addresses only; symbolization happens once per unique
  * address per snapshot. C++ names are demangled with __cxa_demangle when the
  * process already has it (libstdc++ loaded, as it is under torch); this file
- * never links C++ itself.
+ * never links C++ itself. libstdc++ is usually loaded after gpumem (torch
+ * brings it, into a local scope), so the look-up is retried at each
+ * symbolization until it succeeds, also through the loaded library's own
+ * handle (RTLD_NOLOAD: never loads it).
  * Must not: allocate Python objects or take locks other than libc's.
  */
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,12 +24,30 @@
 typedef char *(*demangle_fn)(const char *, char *, size_t *, int *);
 
 static pthread_once_t warm_once = PTHREAD_ONCE_INIT;
-static demangle_fn demangle; /* immutable after warm_once */
+/* Set once found, never changed after (protected by: atomic access). */
+static _Atomic(demangle_fn) demangle;
 
 static void warm(void) {
     void *tmp[2];
     backtrace(tmp, 2); /* loads the unwinder now, not under a lock later */
-    demangle = (demangle_fn)dlsym(RTLD_DEFAULT, "__cxa_demangle");
+}
+
+/* __cxa_demangle if the process has it now, else NULL. */
+static demangle_fn find_demangle(void) {
+    demangle_fn fn = atomic_load(&demangle);
+    if (fn)
+        return fn;
+    fn = (demangle_fn)dlsym(RTLD_DEFAULT, "__cxa_demangle");
+    if (!fn) {
+        void *h = dlopen("libstdc++.so.6", RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            fn = (demangle_fn)dlsym(h, "__cxa_demangle");
+            dlclose(h); /* drops only the reference NOLOAD took */
+        }
+    }
+    if (fn)
+        atomic_store(&demangle, fn);
+    return fn;
 }
 
 void gm_cframes_warmup(void) { pthread_once(&warm_once, warm); }
@@ -68,9 +90,10 @@ int gm_cframes_symbolize(uintptr_t addr, char *name, size_t nlen, char *file, si
     }
     const char *sym = info.dli_sname;
     char *dem = NULL;
-    if (demangle && sym[0] == '_' && sym[1] == 'Z') {
+    demangle_fn fn = sym[0] == '_' && sym[1] == 'Z' ? find_demangle() : NULL;
+    if (fn) {
         int status = -1;
-        dem = demangle(sym, NULL, NULL, &status);
+        dem = fn(sym, NULL, NULL, &status);
         if (status != 0) {
             free(dem);
             dem = NULL;

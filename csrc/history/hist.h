@@ -134,7 +134,14 @@ int gm_cframes_symbolize(uintptr_t addr, char *name, size_t nlen, char *file, si
 
 /* ---- entry points for the torch shim (also reachable through the
  * capsule gpumem._C._hist_api, for code outside this extension) ---- */
-#define GM_HIST_API_VERSION 1
+#define GM_HIST_API_VERSION 2
+/* A TorchScript frame as the torch shim finds it (strings borrowed). */
+typedef struct gm_script_frame {
+    const char *name;
+    const char *filename;
+    int32_t line;
+} gm_script_frame_t;
+
 typedef struct gm_hist_api {
     int version;
     /* Capture the calling thread's stack for an operation at `level`
@@ -148,6 +155,17 @@ typedef struct gm_hist_api {
     void (*detach)(gm_alloc_t *a);
     int (*context_level)(void);
     void (*set_thread_metadata)(uint32_t id);
+    /* appended: capture with `nscript` TorchScript frames (innermost first),
+     * which go before the thread's Python frames, as torch records frames
+     * for stacks='python' and 'all'. Same rules as capture. */
+    uint32_t (*capture_script)(int level, const gm_script_frame_t *script, uint32_t nscript);
+    /* appended: torch's C++ history entry points (recordHistory, the user
+     * metadata of the calling thread) reach gpumem's history through these */
+    int (*configure)(const gm_hist_config_t *cfg);
+    void (*get_config)(gm_hist_config_t *out);
+    uint32_t (*intern_string)(const char *s, size_t len);
+    uint32_t (*thread_metadata)(void);
+    int (*string_view)(uint32_t id, const char **s, size_t *len);
 } gm_hist_api_t;
 
 #ifdef __cplusplus

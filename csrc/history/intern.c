@@ -197,7 +197,7 @@ static uint32_t frame_id_unlocked(const gm_rawframe_t *f) {
     frames[n_frames++] = *f;
     uint32_t id = (uint32_t)n_frames;
     frame_tab.slots[j] = id;
-    if (retain_fn)
+    if (retain_fn && f->kind != GM_LOC_SCRIPT)
         retain_fn(f->code);
     return id;
 }

@@ -26,12 +26,14 @@
 extern "C" {
 #endif
 
-/* kind of gm_rawframe_t.loc */
-enum { GM_LOC_LASTI = 0, GM_LOC_LINE = 1 };
+/* kind of gm_rawframe_t.loc: a Python frame located by instruction offset
+ * (3.11+) or by line (3.10), or a TorchScript frame, whose `code` is the id
+ * of an interned "name\0filename" string and whose loc is its line. */
+enum { GM_LOC_LASTI = 0, GM_LOC_LINE = 1, GM_LOC_SCRIPT = 2 };
 
 typedef struct gm_rawframe {
-    uintptr_t code; /* PyCodeObject*, opaque here */
-    int32_t loc;    /* instruction byte offset (3.11+) or line number (3.10) */
+    uintptr_t code; /* PyCodeObject* (opaque here), or a string id for GM_LOC_SCRIPT */
+    int32_t loc;    /* instruction byte offset, or line number */
     int32_t kind;   /* GM_LOC_* */
 } gm_rawframe_t;
 
@@ -45,7 +47,8 @@ typedef struct gm_tb_view {
     const uintptr_t *c;   /* nc C return addresses, innermost first */
 } gm_tb_view_t;
 
-/* Called for every code address that enters the table (see above). */
+/* Called for every code address that enters the table (see above); never
+ * for a TorchScript frame, whose `code` is a string id. */
 void gm_intern_set_retain(void (*retain)(uintptr_t code));
 
 /* Intern a traceback: Python frames py[0..npy) and C addresses c[0..nc),

@@ -100,6 +100,14 @@ static const gm_core_api_t core_api = {
     .settings_from_obj = api_settings_from_obj,
     .allocator_core = gm_py_allocator_core,
     .raise_error = gm_py_raise,
+    .set_settings = gm_alloc_set_settings,
+    .get_settings = gm_alloc_get_settings,
+    .get_memory_limit = gm_alloc_get_memory_limit,
+    .set_caching = gm_alloc_set_caching,
+    .caching = gm_alloc_caching,
+    .block_size = gm_alloc_block_size,
+    .settings_dict = gm_py_settings_to_dict,
+    .annotate = gm_alloc_annotate,
 };
 
 int gm_py_core_api_init(PyObject *module) {

@@ -99,6 +99,23 @@ typedef struct gm_core_api {
     /* Set the exception gpumem raises for a GM_E* code (detail may be NULL)
      * and return NULL, as gpumem._C's own functions do. GIL held. */
     struct _object *(*raise_error)(int code, const char *detail);
+
+    /* ---- appended: what torch's allocator interface needs besides ---- */
+    /* Settings changed at run time (torch's _set_allocator_settings). */
+    int (*set_settings)(gm_alloc_t *a, const gm_settings_t *settings);
+    void (*get_settings)(gm_alloc_t *a, gm_settings_t *out);
+    /* 1 and the limit in *bytes when one is in force (even of 0 bytes). */
+    int (*get_memory_limit)(gm_alloc_t *a, size_t *bytes);
+    /* torch's caching_allocator_enable. */
+    void (*set_caching)(gm_alloc_t *a, int enabled);
+    int (*caching)(gm_alloc_t *a);
+    /* Size of the live block at ptr (for the profiler's memory events). */
+    int (*block_size)(gm_alloc_t *a, uintptr_t ptr, size_t *size, size_t *requested,
+                      uintptr_t *stream);
+    /* settings -> the settings dict of gpumem._C; new reference. GIL held. */
+    struct _object *(*settings_dict)(const gm_settings_t *s);
+    /* An `annotate` event for the live allocation at ptr. */
+    int (*annotate)(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx);
 } gm_core_api_t;
 
 /* gpumem._C only (core_api.c): publish the table as the capsule. */

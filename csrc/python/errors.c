@@ -45,7 +45,7 @@ void gm_py_format_oom(int device, const gm_oom_info_t *o, char *buf, size_t bufl
     gm_format_size(o->device_free, freeb, sizeof freeb);
     gm_format_size(o->allocated, alloc, sizeof alloc);
     gm_format_size(o->reserved_unallocated, unalloc, sizeof unalloc);
-    if (o->allowed) {
+    if (o->has_limit) {
         gm_format_size(o->allowed, allowed, sizeof allowed - 10);
         strcat(allowed, " allowed; ");
     }

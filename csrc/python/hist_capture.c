@@ -29,6 +29,8 @@
  *   PyGILState_Check is unreliable once one exists.
  */
 #include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "../history/hist.h"
 #include "../history/intern.h"
@@ -132,7 +134,24 @@ static uint32_t without_python_frames(const uintptr_t *c, uint32_t nc) {
     return gm_intern_traceback(v.raw, v.npy, c, nc);
 }
 
-uint32_t gm_hist_capture(int level) {
+/* Intern lead[0..nlead) (TorchScript frames, innermost) followed by the
+ * npy Python frames py (already hashed as pyhash) and the C frames. */
+static uint32_t intern_with_lead(const gm_rawframe_t *lead, uint32_t nlead,
+                                 const gm_rawframe_t *py, uint32_t npy, uint64_t pyhash,
+                                 const uintptr_t *c, uint32_t nc) {
+    if (!nlead)
+        return gm_intern_traceback_hashed(py, npy, pyhash, c, nc);
+    gm_rawframe_t *all = malloc(((size_t)nlead + npy) * sizeof *all);
+    if (!all)
+        return gm_intern_traceback_hashed(py, npy, pyhash, c, nc);
+    memcpy(all, lead, nlead * sizeof *all);
+    memcpy(all + nlead, py, npy * sizeof *all);
+    uint32_t id = gm_intern_traceback(all, nlead + npy, c, nc);
+    free(all);
+    return id;
+}
+
+static uint32_t capture(int level, const gm_rawframe_t *lead, uint32_t nlead) {
     if (level <= GM_HIST_CTX_NEVER || gm_hist_context_level() < level)
         return 0;
     uintptr_t cbuf[C_STACK_MAX];
@@ -160,16 +179,41 @@ uint32_t gm_hist_capture(int level) {
         uint64_t pyhash;
         uint32_t npy = walk_frames(&py, &cap, inline_buf, &pyhash);
         /* Interned with the GIL held: new code objects get retained. */
-        id = npy ? gm_intern_traceback_hashed(py, npy, pyhash, cbuf, nc)
-                 : without_python_frames(cbuf, nc);
+        id = npy ? intern_with_lead(lead, nlead, py, npy, pyhash, cbuf, nc)
+             : nlead ? gm_intern_traceback(lead, nlead, cbuf, nc)
+                     : without_python_frames(cbuf, nc);
         if (py != inline_buf)
             free(py);
     } else {
-        id = without_python_frames(cbuf, nc);
+        id = nlead ? gm_intern_traceback(lead, nlead, cbuf, nc) : without_python_frames(cbuf, nc);
     }
     if (ensured)
         PyGILState_Release(gs);
     return id;
+}
+
+uint32_t gm_hist_capture(int level) { return capture(level, NULL, 0); }
+
+uint32_t gm_hist_capture_script(int level, const gm_script_frame_t *script, uint32_t nscript) {
+    enum { SCRIPT_MAX = 64 };
+    if (level <= GM_HIST_CTX_NEVER || gm_hist_context_level() < level)
+        return 0;
+    gm_rawframe_t lead[SCRIPT_MAX];
+    uint32_t n = 0;
+    char buf[1024];
+    for (uint32_t i = 0; i < nscript && n < SCRIPT_MAX; i++) {
+        /* "name\0filename", both cut to fit */
+        int len = snprintf(buf, sizeof buf, "%.500s%c%.500s", script[i].name ? script[i].name : "",
+                           0, script[i].filename ? script[i].filename : "");
+        uint32_t sid = len > 0 ? gm_intern_string(buf, (size_t)len) : 0;
+        if (!sid)
+            continue;
+        lead[n].code = sid;
+        lead[n].loc = script[i].line;
+        lead[n].kind = GM_LOC_SCRIPT;
+        n++;
+    }
+    return capture(level, lead, n);
 }
 
 /* ------------------------------------------------------ Python helpers */

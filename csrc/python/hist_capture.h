@@ -11,10 +11,14 @@
 
 #include <stdint.h>
 
+#include "../history/hist.h"
+
 /* Call before the allocator lock, with or without the GIL; returns a
  * traceback id for an operation at context level `level` (GM_HIST_CTX_*),
  * 0 when none. */
 uint32_t gm_hist_capture(int level);
+/* The same with TorchScript frames before the Python ones (hist.h). */
+uint32_t gm_hist_capture_script(int level, const gm_script_frame_t *script, uint32_t nscript);
 /* Add _C._hist_capture and the backward-context functions to module and
  * register the interpreter-exit hook. */
 int gm_py_hist_capture_init(PyObject *module);

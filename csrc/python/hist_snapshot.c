@@ -7,9 +7,8 @@
  * A snapshot is taken in two phases. gm_hist_copy (recorder.c) copies
  * segments, blocks and rings into plain C arrays under the allocator locks,
  * with the GIL released. Then, with no allocator lock held, this file turns
- * the copy into dicts. Interned ids become Python objects once per snapshot:
- * every event, block or segment with the same traceback id gets the same
- * list object, and equal frames are the same dict, so pickle memoizes them.
+ * the copy into dicts; interned ids become Python objects once per snapshot
+ * (hist_frames.c), so pickle memoizes equal frames and tracebacks.
  * Must not: hold an allocator lock while touching Python objects.
  */
 #include <stdint.h>
@@ -18,47 +17,22 @@
 #include "../history/intern.h"
 #include "errors.h"
 #include "hist_capture.h"
+#include "hist_frames.h"
 #include "hist_snapshot.h"
 #include "segments.h"
 #include "settings.h"
 
-#define MAX_JS_INT (((uint64_t)1 << 53) - 1)
-
 /* Interned key and value strings; created at module init, kept forever
  * (protected by: GIL). */
 enum {
-    K_NAME, K_FILENAME, K_LINE, K_ACTION, K_ADDR, K_DEVICE_FREE, K_SIZE, K_STREAM, K_TIME_US,
-    K_COMPILE_CONTEXT, K_USER_METADATA, K_FRAMES, K_CO_FILENAME, K_CO_NAME, V_NA, V_UNKNOWN,
-    K_COUNT
+    K_ACTION, K_ADDR, K_DEVICE_FREE, K_SIZE, K_STREAM, K_TIME_US, K_COMPILE_CONTEXT,
+    K_USER_METADATA, K_POOL_ID, K_FRAMES, V_NA, K_COUNT
 };
 static const char *const key_text[K_COUNT] = {
-    "name", "filename", "line", "action", "addr", "device_free", "size", "stream", "time_us",
-    "compile_context", "user_metadata", "frames", "co_filename", "co_name", "N/A", "??"};
+    "action", "addr", "device_free", "size", "stream", "time_us", "compile_context",
+    "user_metadata", "pool_id", "frames", "N/A"};
 static PyObject *keys[K_COUNT];
 static PyObject *action_str[GM_ACT_COUNT];
-
-typedef struct cframe_entry {
-    uintptr_t addr; /* 0 = empty slot */
-    PyObject *dict;
-    int is_eval;
-} cframe_entry_t;
-
-typedef struct builder {
-    int clamp;           /* fold ints >= 2^53 (dump_snapshot) */
-    uint32_t ntb, nfr, nmeta;
-    PyObject **tb;       /* tb[id]: frames list, NULL until built */
-    PyObject **fr;       /* fr[id]: frame dict */
-    PyObject **meta;     /* meta[id]: str */
-    cframe_entry_t *cf;  /* address -> frame dict */
-    size_t cf_mask, cf_count;
-    PyObject *empty;     /* the shared [] */
-} builder_t;
-
-static PyObject *new_int(const builder_t *b, uint64_t v) {
-    if (b->clamp && v > MAX_JS_INT)
-        v &= MAX_JS_INT;
-    return PyLong_FromUnsignedLongLong(v);
-}
 
 /* d[key] = value, stealing value. -1 on error. */
 static int put(PyObject *d, PyObject *key, PyObject *value) {
@@ -73,212 +47,24 @@ static int put_borrowed(PyObject *d, PyObject *key, PyObject *value) {
     return PyDict_SetItem(d, key, value);
 }
 
-static void builder_free(builder_t *b) {
-    for (uint32_t i = 0; b->tb && i <= b->ntb; i++)
-        Py_XDECREF(b->tb[i]);
-    for (uint32_t i = 0; b->fr && i <= b->nfr; i++)
-        Py_XDECREF(b->fr[i]);
-    for (uint32_t i = 0; b->meta && i <= b->nmeta; i++)
-        Py_XDECREF(b->meta[i]);
-    for (size_t i = 0; b->cf && i <= b->cf_mask; i++)
-        Py_XDECREF(b->cf[i].dict);
-    PyMem_Free(b->tb);
-    PyMem_Free(b->fr);
-    PyMem_Free(b->meta);
-    PyMem_Free(b->cf);
-    Py_XDECREF(b->empty);
-}
-
-static int builder_init(builder_t *b, int clamp) {
-    memset(b, 0, sizeof *b);
-    b->clamp = clamp;
-    /* Read after the copy: every id the copy refers to is below these. */
-    gm_intern_counts(&b->ntb, &b->nfr, &b->nmeta);
-    b->tb = PyMem_Calloc((size_t)b->ntb + 1, sizeof *b->tb);
-    b->fr = PyMem_Calloc((size_t)b->nfr + 1, sizeof *b->fr);
-    b->meta = PyMem_Calloc((size_t)b->nmeta + 1, sizeof *b->meta);
-    b->cf_mask = 255;
-    b->cf = PyMem_Calloc(b->cf_mask + 1, sizeof *b->cf);
-    b->empty = PyList_New(0);
-    if (!b->tb || !b->fr || !b->meta || !b->cf || !b->empty) {
-        builder_free(b);
-        PyErr_NoMemory();
-        return -1;
-    }
-    return 0;
-}
-
-/* ------------------------------------------------------------- frames */
-
-static PyObject *frame_dict(PyObject *name, PyObject *filename, long line) {
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    /* torch's key order: name, filename, line */
-    if (put_borrowed(d, keys[K_NAME], name) < 0 ||
-        put_borrowed(d, keys[K_FILENAME], filename) < 0 ||
-        put(d, keys[K_LINE], PyLong_FromLong(line)) < 0) {
-        Py_DECREF(d);
-        return NULL;
-    }
-    return d;
-}
-
-static PyObject *code_str(PyObject *code, PyObject *attr) {
-    PyObject *s = PyObject_GetAttr(code, attr);
-    if (s && PyUnicode_Check(s))
-        return s;
-    Py_XDECREF(s);
-    PyErr_Clear();
-    Py_INCREF(keys[V_UNKNOWN]);
-    return keys[V_UNKNOWN];
-}
-
-/* Borrowed reference to the dict of Python frame `fid`, NULL on error.
- * fr[0] holds the dict used for an unknown id (never expected). */
-static PyObject *py_frame(builder_t *b, uint32_t fid) {
-    gm_rawframe_t raw;
-    if (fid >= 1 && fid <= b->nfr && b->fr[fid])
-        return b->fr[fid];
-    if (fid > b->nfr || gm_intern_frame(fid, &raw))
-        fid = 0;
-    if (b->fr[fid])
-        return b->fr[fid];
-    if (fid == 0)
-        return b->fr[0] = frame_dict(keys[V_UNKNOWN], keys[V_UNKNOWN], 0);
-    /* The intern table holds a reference to the code object. */
-    PyObject *code = (PyObject *)raw.code;
-    long line = raw.kind == GM_LOC_LINE ? raw.loc
-                                        : PyCode_Addr2Line((PyCodeObject *)code, raw.loc);
-    PyObject *name = code_str(code, keys[K_CO_NAME]);
-    PyObject *filename = code_str(code, keys[K_CO_FILENAME]);
-    PyObject *d = frame_dict(name, filename, line);
-    Py_DECREF(name);
-    Py_DECREF(filename);
-    if (!d)
-        return NULL;
-    b->fr[fid] = d;
-    return d;
-}
-
-/* Borrowed reference to the dict of C frame `addr`; *is_eval set. */
-static PyObject *c_frame(builder_t *b, uintptr_t addr, int *is_eval) {
-    size_t j = (size_t)((addr * 0x9e3779b97f4a7c15ULL) >> 17) & b->cf_mask;
-    while (b->cf[j].addr && b->cf[j].addr != addr)
-        j = (j + 1) & b->cf_mask;
-    if (b->cf[j].addr) {
-        *is_eval = b->cf[j].is_eval;
-        return b->cf[j].dict;
-    }
-    if ((b->cf_count + 1) * 2 > b->cf_mask + 1) {
-        size_t ncap = (b->cf_mask + 1) * 2;
-        cframe_entry_t *n = PyMem_Calloc(ncap, sizeof *n);
-        if (!n) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-        for (size_t i = 0; i <= b->cf_mask; i++) {
-            if (!b->cf[i].addr)
-                continue;
-            size_t k = (size_t)((b->cf[i].addr * 0x9e3779b97f4a7c15ULL) >> 17) & (ncap - 1);
-            while (n[k].addr)
-                k = (k + 1) & (ncap - 1);
-            n[k] = b->cf[i];
-        }
-        PyMem_Free(b->cf);
-        b->cf = n;
-        b->cf_mask = ncap - 1;
-        return c_frame(b, addr, is_eval);
-    }
-    char name[512], file[512];
-    int ev = gm_cframes_symbolize(addr, name, sizeof name, file, sizeof file);
-    PyObject *n = PyUnicode_DecodeUTF8(name, (Py_ssize_t)strlen(name), "replace");
-    PyObject *f = PyUnicode_DecodeFSDefault(file);
-    PyObject *d = n && f ? frame_dict(n, f, 0) : NULL;
-    Py_XDECREF(n);
-    Py_XDECREF(f);
-    if (!d)
-        return NULL;
-    b->cf[j].addr = addr;
-    b->cf[j].dict = d;
-    b->cf[j].is_eval = ev;
-    b->cf_count++;
-    *is_eval = ev;
-    return d;
-}
-
-/* Borrowed reference to the frames list of traceback `id` (the shared
- * empty list for 0 or an unknown id); NULL on error. */
-static PyObject *tb_frames(builder_t *b, uint32_t id) {
-    if (id == 0 || id > b->ntb)
-        return b->empty;
-    if (b->tb[id])
-        return b->tb[id];
-    gm_tb_view_t v;
-    if (gm_intern_tb_view(id, &v))
-        return b->empty;
-    PyObject *list = PyList_New(0);
-    if (!list)
-        return NULL;
-    uint32_t pi = 0;
-    /* C frames innermost first; a Python frame goes in where CPython's eval
-     * loop appears, the rest at the end (torch's splicing). */
-    for (uint32_t i = 0; i < v.nc; i++) {
-        int is_eval = 0;
-        PyObject *cf = c_frame(b, v.c[i], &is_eval);
-        if (!cf)
-            goto fail;
-        if (is_eval && pi < v.npy) {
-            PyObject *pf = py_frame(b, v.fids[pi++]);
-            if (!pf || PyList_Append(list, pf) < 0)
-                goto fail;
-        }
-        if (PyList_Append(list, cf) < 0)
-            goto fail;
-    }
-    for (; pi < v.npy; pi++) {
-        PyObject *pf = py_frame(b, v.fids[pi]);
-        if (!pf || PyList_Append(list, pf) < 0)
-            goto fail;
-    }
-    b->tb[id] = list;
-    return list;
-fail:
-    Py_DECREF(list);
-    return NULL;
-}
-
-static PyObject *meta_str(builder_t *b, uint32_t id) {
-    if (id > b->nmeta)
-        id = 0;
-    if (b->meta[id])
-        return b->meta[id];
-    const char *s;
-    size_t len;
-    if (gm_intern_string_view(id, &s, &len)) {
-        s = "";
-        len = 0;
-    }
-    b->meta[id] = PyUnicode_DecodeUTF8(s, (Py_ssize_t)len, "replace");
-    return b->meta[id];
-}
 
 /* ------------------------------------------------------------ entries */
 
-static PyObject *event_dict(builder_t *b, const gm_hist_event_t *e) {
+static PyObject *event_dict(gm_frames_t *b, const gm_hist_event_t *e) {
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
     int act = e->action < GM_ACT_COUNT ? e->action : GM_ACT_SNAPSHOT;
-    PyObject *frames = e->tb ? tb_frames(b, e->tb) : NULL;
-    PyObject *meta = meta_str(b, e->meta);
+    PyObject *frames = e->tb ? gm_frames_list(b, e->tb) : NULL;
+    PyObject *meta = gm_frames_meta(b, e->meta);
     if (put_borrowed(d, keys[K_ACTION], action_str[act]) < 0 ||
-        put(d, keys[act == GM_ACT_OOM ? K_DEVICE_FREE : K_ADDR], new_int(b, e->addr)) < 0 ||
-        put(d, keys[K_SIZE], new_int(b, e->size)) < 0 ||
-        put(d, keys[K_STREAM], new_int(b, e->stream)) < 0 ||
-        put(d, keys[K_TIME_US], new_int(b, e->time_us)) < 0 ||
+        put(d, keys[act == GM_ACT_OOM ? K_DEVICE_FREE : K_ADDR], gm_frames_int(b, e->addr)) < 0 ||
+        put(d, keys[K_SIZE], gm_frames_int(b, e->size)) < 0 ||
+        put(d, keys[K_STREAM], gm_frames_int(b, e->stream)) < 0 ||
+        put(d, keys[K_TIME_US], gm_frames_int(b, e->time_us)) < 0 ||
         put_borrowed(d, keys[K_COMPILE_CONTEXT], keys[V_NA]) < 0 || !meta ||
-        put_borrowed(d, keys[K_USER_METADATA], meta) < 0 || (e->tb && !frames) ||
+        put_borrowed(d, keys[K_USER_METADATA], meta) < 0 ||
+        put_borrowed(d, keys[K_POOL_ID], gm_py_default_pool_id()) < 0 || (e->tb && !frames) ||
         (frames && put_borrowed(d, keys[K_FRAMES], frames) < 0)) {
         Py_DECREF(d);
         return NULL;
@@ -287,8 +73,10 @@ static PyObject *event_dict(builder_t *b, const gm_hist_event_t *e) {
 }
 
 /* The snapshot's segment `s` through the dict builders of segments.c, with
- * frames from this snapshot's tracebacks (an inactive block has none). */
-static PyObject *segment_dict(builder_t *b, const gm_hist_copy_t *c, const gm_hist_segment_t *s) {
+ * frames from this snapshot's tracebacks (an inactive block has none). As
+ * in torch's snapshots, the segment's own frames are always empty: the
+ * stack that made a segment is in its segment_alloc event. */
+static PyObject *segment_dict(gm_frames_t *b, const gm_hist_copy_t *c, const gm_hist_segment_t *s) {
     PyObject *blocks = PyList_New((Py_ssize_t)s->nblocks);
     if (!blocks)
         return NULL;
@@ -299,7 +87,7 @@ static PyObject *segment_dict(builder_t *b, const gm_hist_copy_t *c, const gm_hi
                                 .ctx = hb->ctx};
         int active = info.state == GM_BLOCK_ACTIVE_ALLOCATED ||
                      info.state == GM_BLOCK_ACTIVE_PENDING_FREE;
-        PyObject *frames = tb_frames(b, active ? hb->ctx : 0);
+        PyObject *frames = gm_frames_list(b, active ? hb->ctx : 0);
         PyObject *bd = frames ? gm_py_block_dict(&info, frames, b->clamp) : NULL;
         if (!bd) {
             Py_DECREF(blocks);
@@ -307,7 +95,7 @@ static PyObject *segment_dict(builder_t *b, const gm_hist_copy_t *c, const gm_hi
         }
         PyList_SET_ITEM(blocks, (Py_ssize_t)i, bd);
     }
-    PyObject *frames = tb_frames(b, s->ctx);
+    PyObject *frames = gm_frames_list(b, 0);
     if (!frames) {
         Py_DECREF(blocks);
         return NULL;
@@ -322,7 +110,7 @@ static PyObject *segment_dict(builder_t *b, const gm_hist_copy_t *c, const gm_hi
 }
 
 /* (segments, device_traces, settings dict or None) */
-static PyObject *build(const gm_hist_copy_t *c, builder_t *b) {
+static PyObject *build(const gm_hist_copy_t *c, gm_frames_t *b) {
     PyObject *segs = PyList_New((Py_ssize_t)c->nseg);
     PyObject *traces = PyList_New(c->ndev);
     if (!segs || !traces)
@@ -372,11 +160,11 @@ static PyObject *py_snapshot(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_END_ALLOW_THREADS
     if (rc)
         return gm_py_raise(rc, "while copying allocator state for a snapshot");
-    builder_t b;
+    gm_frames_t b;
     PyObject *result = NULL;
-    if (builder_init(&b, clamp) == 0) {
+    if (gm_frames_init(&b, clamp) == 0) {
         result = build(&c, &b);
-        builder_free(&b);
+        gm_frames_free(&b);
     }
     gm_hist_copy_free(&c);
     return result;
@@ -387,12 +175,12 @@ static PyObject *py_traceback(PyObject *self, PyObject *arg) {
     unsigned long id = PyLong_AsUnsignedLong(arg);
     if (id == (unsigned long)-1 && PyErr_Occurred())
         return NULL;
-    builder_t b;
-    if (builder_init(&b, 0) < 0)
+    gm_frames_t b;
+    if (gm_frames_init(&b, 0) < 0)
         return NULL;
-    PyObject *l = tb_frames(&b, (uint32_t)id);
+    PyObject *l = gm_frames_list(&b, (uint32_t)id);
     PyObject *r = l ? PyList_GetSlice(l, 0, PY_SSIZE_T_MAX) : NULL;
-    builder_free(&b);
+    gm_frames_free(&b);
     return r;
 }
 
@@ -474,11 +262,16 @@ static PyMethodDef snapshot_methods[] = {
     {"_hist_counts", py_counts, METH_NOARGS, "Sizes of the interning tables and rings."},
     {NULL, NULL, 0, NULL}};
 
-static const gm_hist_api_t hist_api = {GM_HIST_API_VERSION,  gm_hist_capture,
-                                       gm_hist_attach,       gm_hist_detach,
-                                       gm_hist_context_level, gm_hist_set_thread_metadata};
+static const gm_hist_api_t hist_api = {GM_HIST_API_VERSION,   gm_hist_capture,
+                                       gm_hist_attach,        gm_hist_detach,
+                                       gm_hist_context_level, gm_hist_set_thread_metadata,
+                                       gm_hist_capture_script, gm_hist_configure,
+                                       gm_hist_get_config,    gm_intern_string,
+                                       gm_hist_thread_metadata, gm_intern_string_view};
 
 int gm_py_hist_snapshot_init(PyObject *module) {
+    if (gm_py_hist_frames_init() < 0)
+        return -1;
     for (int i = 0; i < K_COUNT; i++)
         if (!(keys[i] = PyUnicode_InternFromString(key_text[i])))
             return -1;

@@ -5,7 +5,8 @@
  * Invariants: keys and their order are torch's; every key and the shared
  * values (state names, segment types, the pool id (0, 0)) are the same
  * interned objects in every dict, so a pickled snapshot memoizes them. An
- * inactive block reports requested_size 0; an unknown block state reads as
+ * inactive block keeps the requested_size of its last allocation (0 if it
+ * never had one), as torch's does; an unknown block state reads as
  * inactive.
  * Allocator.segments() walks the core in two phases: gm_alloc_walk copies
  * plain C values under the allocator lock, then the dicts are built with
@@ -54,17 +55,18 @@ static int put_borrowed(PyObject *d, int k, PyObject *value) {
     return PyDict_SetItem(d, keys[k], value);
 }
 
+PyObject *gm_py_default_pool_id(void) { return pool_id; }
+
 PyObject *gm_py_block_dict(const gm_block_info_t *b, PyObject *frames, int clamp) {
     int state = b->state >= GM_BLOCK_INACTIVE && b->state <= GM_BLOCK_ACTIVE_PENDING_FREE
                     ? b->state
                     : GM_BLOCK_INACTIVE;
-    int active = state != GM_BLOCK_INACTIVE;
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
     if (put(d, K_ADDRESS, new_int(clamp, b->address)) < 0 ||
         put(d, K_SIZE, new_int(clamp, b->size)) < 0 ||
-        put(d, K_REQUESTED_SIZE, new_int(clamp, active ? b->requested_size : 0)) < 0 ||
+        put(d, K_REQUESTED_SIZE, new_int(clamp, b->requested_size)) < 0 ||
         put_borrowed(d, K_STATE, state_str[state]) < 0 ||
         put_borrowed(d, K_FRAMES, frames) < 0) {
         Py_DECREF(d);

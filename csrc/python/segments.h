@@ -30,6 +30,11 @@ PyObject *gm_py_block_dict(const gm_block_info_t *b, PyObject *frames, int clamp
 PyObject *gm_py_segment_dict(int device, const gm_segment_info_t *s, PyObject *frames,
                              PyObject *blocks, int clamp);
 
+/* The default pool's id, (0, 0): the one tuple every segment and trace
+ * entry shares (borrowed; valid after gm_py_segments_init). gpumem has no
+ * private pools. */
+PyObject *gm_py_default_pool_id(void);
+
 /* Allocator.segments(): the segment dicts of one allocator, in address
  * order, each dict with its own empty frames list. NULL + exception. */
 PyObject *gm_py_segments(gm_alloc_t *a);

@@ -6,10 +6,15 @@
  * pluggable allocator leaves out or gets wrong:
  *   - allocate(): an exhausted device throws c10::OutOfMemoryError (Python
  *     sees torch.OutOfMemoryError) instead of handing torch a NULL pointer;
- *   - recordStream, emptyCache, set/getMemoryFraction, init, cacheInfo,
- *     getBaseAllocation go to the core;
+ *   - recordStream, emptyCache, set/getMemoryFraction, enable/isEnabled,
+ *     init, cacheInfo, getBaseAllocation go to the core;
  *   - getDeviceStats/resetPeakStats/resetAccumulatedStats report the core's
- *     stats, so torch.cuda.memory_stats() works even without patching;
+ *     stats, so torch.cuda.memory_stats() works even without patching, and
+ *     init() registers the allocator as c10's CUDA device allocator, so the
+ *     device-generic torch.accelerator memory API reaches it too;
+ *   - settings are torch's own (gm_torch_config.cpp), followed at run time;
+ *   - the profiler is told of every allocation and free, as torch's
+ *     allocator tells it, while it records memory;
  *   - OOM observers (torch._C._cuda_attach_out_of_memory_observer) fire,
  *     after gpumem's own OOM hook (Note [OOM hook] in gm_torch_module.cpp),
  *     which may write a snapshot and add a line naming it to the message.
@@ -29,6 +34,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../history/hist.h"
@@ -55,7 +61,10 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   /* The core of `device` if it exists, else nullptr. Never throws. */
   gm_alloc_t* existing_core(int device) const;
   void* malloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream);
-  gm_settings_t settings() const { return settings_; }
+  /* The settings in force, and new ones for every core now and later
+   * (torch's allocator settings changed at run time). */
+  gm_settings_t settings() const;
+  void apply_settings(const gm_settings_t& settings);
 
   /* ---- c10::Allocator / CUDAAllocator ---- */
   c10::DataPtr allocate(size_t size) override;
@@ -67,6 +76,8 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   bool initialized() override;
   double getMemoryFraction(c10::DeviceIndex device) override;
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
+  void enable(bool value) override;
+  bool isEnabled() const override;
   void emptyCache(c10::cuda::MempoolId_t mempool_id = {0, 0}) override;
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override;
   void* getBaseAllocation(void* ptr, size_t* size) override;
@@ -79,6 +90,10 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
                      size_t alloc_trace_max_entries, cca::RecordContext when, bool clearHistory,
                      const std::vector<std::string>& skip_actions) override;
+  bool supportsUserMetadata() override { return true; }
+  void setUserMetadata(const std::string& metadata) override;
+  std::string getUserMetadata() override;
+  void annotateMemory(const void* ptr, const std::string& metadata) override;
   void beginAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
@@ -89,20 +104,53 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
 
   /* How many devices torch announced through init() (0 before). */
   int device_count() const { return device_count_.load(); }
+  /* The OOM observers torch attached (copied; gm_torch_oom.cpp calls them). */
+  std::vector<cca::OutOfMemoryObserver> oom_observers();
 
  private:
-  [[noreturn]] void throw_oom(int device, const gm_oom_info_t& oom, cudaStream_t stream);
-
-  gm_settings_t settings_; /* immutable after construction */
+  mutable std::mutex settings_mu_;
+  gm_settings_t settings_; /* protected by: settings_mu_ */
   /* One core per device: null until first use, then set once (under
    * create_mu_) and never changed; read lock-free (acquire). */
   std::atomic<gm_alloc_t*> cores_[kMaxDevices];
   std::mutex create_mu_; /* serialises core creation */
   std::atomic<int> device_count_{0};     /* set by init() */
   std::atomic<bool> initialized_{false}; /* set by init() */
+  /* caching_allocator_enable; PYTORCH_NO_CUDA_MEMORY_CACHING keeps it off */
+  std::atomic<bool> caching_{true};
   std::mutex observers_mu_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_; /* protected by: observers_mu_ */
 };
+
+/* ---- torch's allocator settings (gm_torch_config.cpp) ---- */
+/* torch's parsed allocator settings as gpumem's core settings. Reading them
+ * makes torch parse PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF if it has
+ * not yet (a bad string throws torch's c10::ValueError). */
+gm_settings_t torch_settings();
+/* torch's per_process_memory_fraction setting (1.0 when not set). */
+double torch_memory_fraction();
+/* PYTORCH_NO_CUDA_MEMORY_CACHING is set. */
+bool caching_forced_off();
+/* One line per entry of a settings string whose key gpumem does not honour
+ * (`source` names where the string came from). */
+std::vector<std::string> ignored_entries(const std::string& text, const std::string& source);
+/* Route torch's later settings changes (_set_allocator_settings, the
+ * accelerator setter) to the allocator too; once. */
+void follow_torch_settings();
+
+/* ---- history (gm_torch_history.cpp) ---- */
+/* Record record_function ranges (Note [Annotations]) while recording: of
+ * the calling thread, or of every thread with `global`; off clears them. */
+void set_annotations(bool enabled, bool global);
+/* (name, start?, device, time_us) of each range event so far. */
+std::vector<std::tuple<std::string, bool, int, int64_t>> annotations();
+
+/* ---- out of memory (gm_torch_oom.cpp) ---- */
+/* torch's out-of-memory text for what the core reported. */
+std::string oom_message(int device, const gm_oom_info_t& oom);
+/* The hook, the observers, then c10::OutOfMemoryError. No core lock held. */
+[[noreturn]] void throw_oom(GpumemAllocator& alloc, int device, const gm_oom_info_t& oom,
+                            cudaStream_t stream);
 
 /* Run the Python OOM hook, if one is set (gm_torch_module.cpp, Note [OOM
  * hook]): returns the line it asks to append to the OOM message, or "" when
@@ -111,6 +159,10 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
  * core lock held. Never throws. */
 std::string run_oom_hook(int device, const gm_oom_info_t& oom, uintptr_t stream,
                          const char* message) noexcept;
+
+/* The thread's TorchScript frames, if it is running TorchScript, and the
+ * traceback id for a capture at `level` (gm_torch_alloc.cpp). */
+uint32_t capture(int level);
 
 /* The process's allocator once created (never freed), else nullptr. */
 GpumemAllocator* instance();

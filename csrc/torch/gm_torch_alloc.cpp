@@ -7,7 +7,11 @@
  * a per-device function, so a free is one core free with no lookup table of
  * our own. Cores are created per device on first use (torch creates its
  * per-device allocators lazily too, and a core retains the device's primary
- * context), attached to memory history once, and never destroyed.
+ * context), attached to memory history once, and never destroyed. A new
+ * core gets the settings in force, torch's per_process_memory_fraction and
+ * the caching switch. While the profiler records memory, every allocation
+ * and free is reported to it with the device's allocated and reserved
+ * totals, as torch's allocator reports them.
  *
  * Note [Out of memory through the pluggable allocator]
  * Rationale: torch's CUDAPluggableAllocator does not check a NULL from the
@@ -17,15 +21,18 @@
  *   its cache and retried, so we format torch's message (core_api
  *   format_oom), call the OOM observers with torch's arguments, and throw
  *   c10::OutOfMemoryError, which torch's Python bindings turn into
- *   torch.OutOfMemoryError. Before the observers, gpumem's OOM hook runs
- *   (Note [OOM hook] in gm_torch_module.cpp). No core lock is held while
- *   the hook, the observers or the throw run.
+ *   torch.OutOfMemoryError (gm_torch_oom.cpp). Before the observers,
+ *   gpumem's OOM hook runs (Note [OOM hook] in gm_torch_module.cpp). No
+ *   core lock is held while the hook, the observers or the throw run. A
+ *   request of an exabyte or more is refused before the core sees it, with
+ *   torch's message and without counting an OOM, as torch does.
  * Limitations: CUDA-graph private pools are not supported; the OOM
  *   rejection observers are accepted but never called (gpumem never rejects
  *   an allocation before trying it).
  */
 #include "gm_torch.h"
 
+#include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
@@ -56,6 +63,34 @@ std::string core_error(gm_alloc_t* a, int rc) {
   return s;
 }
 
+/* Tell the profiler (when it records memory) that `bytes` came (> 0) or
+ * went (< 0) at p, with the device's totals after the change. */
+void report_to_profiler(gm_alloc_t* a, int device, void* p, int64_t bytes) {
+  gm_stats_t st;
+  g_core->get_stats(a, &st);
+  c10::reportMemoryUsageToProfiler(p, bytes,
+                                   static_cast<size_t>(st.allocated_bytes[GM_STAT_ALL].current),
+                                   static_cast<size_t>(st.reserved_bytes[GM_STAT_ALL].current),
+                                   c10::Device(c10::DeviceType::CUDA,
+                                               static_cast<c10::DeviceIndex>(device)));
+}
+
+/* A core free, reported to the profiler when it records memory. */
+int core_free(gm_alloc_t* a, int device, void* p) {
+  /* Free sites are captured only at context level ALL (capture returns 0
+   * at once otherwise); taken before the core lock. */
+  uint32_t ctx = capture(GM_HIST_CTX_ALL);
+  if (C10_LIKELY(!c10::memoryProfilingEnabled()))
+    return g_core->free(a, reinterpret_cast<uintptr_t>(p), ctx);
+  size_t size = 0;
+  if (g_core->block_size(a, reinterpret_cast<uintptr_t>(p), &size, nullptr, nullptr) != GM_OK)
+    return g_core->free(a, reinterpret_cast<uintptr_t>(p), ctx);
+  int rc = g_core->free(a, reinterpret_cast<uintptr_t>(p), ctx);
+  if (rc == GM_OK)
+    report_to_profiler(a, device, p, -static_cast<int64_t>(size));
+  return rc;
+}
+
 void free_on(int device, void* p) noexcept {
   if (!p)
     return;
@@ -63,10 +98,10 @@ void free_on(int device, void* p) noexcept {
   gm_alloc_t* a = alloc ? alloc->existing_core(device) : nullptr;
   int rc = GM_ENOTFOUND;
   if (a) {
-    /* Free sites are captured only at context level ALL (capture returns 0
-     * at once otherwise); taken before the core lock. */
-    uint32_t ctx = g_hist->capture(GM_HIST_CTX_ALL);
-    rc = g_core->free(a, reinterpret_cast<uintptr_t>(p), ctx);
+    try {
+      rc = core_free(a, device, p);
+    } catch (...) { /* the profiler threw: the free itself is done or reported below */
+    }
   }
   if (rc != GM_OK) {
     try {
@@ -97,12 +132,15 @@ void delete_any(void* p) {
     return;
   GpumemAllocator* alloc = g_instance.load(std::memory_order_acquire);
   if (alloc) {
-    uint32_t ctx = g_hist->capture(GM_HIST_CTX_ALL);
     for (int d = 0; d < kMaxDevices; d++) {
       gm_alloc_t* a = alloc->existing_core(d);
       if (!a)
         continue;
-      int rc = g_core->free(a, reinterpret_cast<uintptr_t>(p), ctx);
+      int rc = GM_ENOTFOUND;
+      try {
+        rc = core_free(a, d, p);
+      } catch (...) {
+      }
       if (rc == GM_OK)
         return;
       if (rc != GM_ENOTFOUND) {
@@ -132,39 +170,6 @@ void check_device(c10::DeviceIndex device) {
               " is out of range; gpumem supports devices 0 to ", kMaxDevices - 1);
 }
 
-struct largest_free {
-  size_t largest = 0;
-};
-
-int largest_cb(void* arg, const gm_segment_info_t* seg) {
-  auto* st = static_cast<largest_free*>(arg);
-  for (size_t i = 0; i < seg->nblocks; i++)
-    if (seg->blocks[i].state == GM_BLOCK_INACTIVE && seg->blocks[i].size > st->largest)
-      st->largest = seg->blocks[i].size;
-  return 0;
-}
-
-struct base_lookup {
-  uintptr_t ptr;
-  uintptr_t base = 0;
-  size_t size = 0;
-};
-
-int base_cb(void* arg, const gm_segment_info_t* seg) {
-  auto* st = static_cast<base_lookup*>(arg);
-  if (st->ptr >= seg->address && st->ptr < seg->address + seg->total_size) {
-    st->base = seg->address;
-    st->size = seg->total_size;
-    return 1; /* stop */
-  }
-  return 0;
-}
-
-const char* kNoHistory =
-    "gpumem records memory history itself: use gpumem.record_memory_history() and "
-    "gpumem.snapshot() / gpumem.dump_snapshot(), or call gpumem.install(patch_torch=True) so "
-    "that torch.cuda.memory._record_memory_history, _snapshot and _dump_snapshot route to gpumem";
-
 }  // namespace
 
 GpumemAllocator::GpumemAllocator(const gm_settings_t& settings)
@@ -179,6 +184,25 @@ GpumemAllocator::GpumemAllocator(const gm_settings_t& settings)
       settings_(settings) {
   for (auto& c : cores_)
     c.store(nullptr, std::memory_order_relaxed);
+  if (caching_forced_off())
+    caching_.store(false);
+}
+
+gm_settings_t GpumemAllocator::settings() const {
+  std::lock_guard<std::mutex> guard(settings_mu_);
+  return settings_;
+}
+
+void GpumemAllocator::apply_settings(const gm_settings_t& s) {
+  std::lock_guard<std::mutex> guard(settings_mu_); /* no core is created meanwhile */
+  settings_ = s;
+  for (int d = 0; d < kMaxDevices; d++) {
+    if (gm_alloc_t* a = existing_core(d)) {
+      int rc = g_core->set_settings(a, &s);
+      TORCH_CHECK(rc == GM_OK, "gpumem: the allocator settings were refused: ",
+                  g_core->strerror(rc));
+    }
+  }
 }
 
 gm_alloc_t* GpumemAllocator::existing_core(int device) const {
@@ -197,9 +221,14 @@ gm_alloc_t* GpumemAllocator::core(c10::DeviceIndex device) {
   if (a)
     return a;
   char err[768] = "";
+  std::lock_guard<std::mutex> settings_guard(settings_mu_);
   int rc = g_core->cuda_create(device, &settings_, &a, err, sizeof err);
   TORCH_CHECK(rc == GM_OK, "gpumem: ", err);
   g_hist->attach(a, nullptr, nullptr); /* once per core: it is never replaced */
+  g_core->set_caching(a, caching_.load() ? 1 : 0);
+  double fraction = torch_memory_fraction(); /* torch applies it to each new device too */
+  if (fraction < 1.0)
+    g_core->set_memory_fraction(a, fraction);
   if (settings_.expandable_segments && !g_core->expandable_active(a)) {
     TORCH_WARN_ONCE("gpumem: device ", static_cast<int>(device),
                     " does not support virtual memory management; expandable_segments falls "
@@ -209,37 +238,26 @@ gm_alloc_t* GpumemAllocator::core(c10::DeviceIndex device) {
   return a;
 }
 
-void GpumemAllocator::throw_oom(int device, const gm_oom_info_t& oom, cudaStream_t stream) {
-  char buf[640];
-  g_core->format_oom(device, &oom, buf, sizeof buf);
-  std::string msg(buf);
-  /* Before the observers: the snapshot shows the state at the failure. */
-  std::string extra = run_oom_hook(device, oom, reinterpret_cast<uintptr_t>(stream), buf);
-  if (!extra.empty()) {
-    msg += "\n";
-    msg += extra;
-  }
-  std::vector<cca::OutOfMemoryObserver> observers;
-  {
-    std::lock_guard<std::mutex> guard(observers_mu_);
-    observers = oom_observers_;
-  }
-  for (const auto& obs : observers)
-    obs(device, oom.alloc_size, oom.allowed ? oom.allowed : oom.device_total, oom.device_free);
-  TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
-}
-
 void* GpumemAllocator::malloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+  constexpr size_t kOneExaByte = size_t(1) << 60;
+  TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte,
+                   "CUDA out of memory. Tried to allocate more than 1EB memory.");
   gm_alloc_t* a = core(device);
   /* Captured before the core takes its lock (torch: context level STATE). */
-  uint32_t ctx = g_hist->capture(GM_HIST_CTX_STATE);
+  uint32_t ctx = capture(GM_HIST_CTX_STATE);
   uintptr_t p = 0;
   gm_oom_info_t oom;
   int rc = g_core->malloc(a, size, reinterpret_cast<uintptr_t>(stream), ctx, &p, &oom);
-  if (C10_LIKELY(rc == GM_OK))
+  if (C10_LIKELY(rc == GM_OK)) {
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled()) && p) {
+      size_t block = 0;
+      if (g_core->block_size(a, p, &block, nullptr, nullptr) == GM_OK)
+        report_to_profiler(a, device, reinterpret_cast<void*>(p), static_cast<int64_t>(block));
+    }
     return reinterpret_cast<void*>(p);
+  }
   if (rc == GM_EOOM)
-    throw_oom(device, oom, stream);
+    throw_oom(*this, device, oom, stream);
   TORCH_CHECK(false, "gpumem: allocating ", size, " bytes on device ", static_cast<int>(device),
               " failed: ", core_error(a, rc));
 }
@@ -273,14 +291,18 @@ void GpumemAllocator::raw_delete(void* ptr) { delete_any(ptr); }
 void GpumemAllocator::init(int device_count) {
   device_count_.store(device_count);
   initialized_.store(true);
+  /* c10's CUDA device allocator is what torch.accelerator's memory API and
+   * other device-generic code ask; torch registers its own at load time
+   * (priority 0) and change_current_allocator does not replace it. */
+  c10::SetAllocator(c10::DeviceType::CUDA, this, 1);
 }
 
 bool GpumemAllocator::initialized() { return initialized_.load(); }
 
 double GpumemAllocator::getMemoryFraction(c10::DeviceIndex device) {
   gm_alloc_t* a = core(device);
-  size_t limit = g_core->memory_limit(a);
-  if (limit == 0)
+  size_t limit = 0;
+  if (!g_core->get_memory_limit(a, &limit))
     return 1.0;
   size_t free_b = 0, total = 0;
   char err[512] = "";
@@ -298,8 +320,26 @@ void GpumemAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device
               core_error(a, rc));
 }
 
+void GpumemAllocator::enable(bool value) {
+  bool on = value && !caching_forced_off(); /* the variable keeps caching off for good */
+  std::lock_guard<std::mutex> guard(create_mu_); /* a core made meanwhile sees `on` */
+  caching_.store(on);
+  for (int d = 0; d < kMaxDevices; d++)
+    if (gm_alloc_t* a = existing_core(d))
+      g_core->set_caching(a, on ? 1 : 0);
+}
+
+bool GpumemAllocator::isEnabled() const { return caching_.load(); }
+
 void GpumemAllocator::emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) {
-  uint32_t ctx = g_hist->capture(GM_HIST_CTX_ALL);
+  /* torch synchronises (and counts a sync for) every device's allocator,
+   * including one that has allocated nothing yet: the current device gets
+   * its core now, so its first empty_cache is counted as torch counts it.
+   * Other devices without a core are left alone (creating one would take
+   * their CUDA context). */
+  if (initialized())
+    core(c10::cuda::current_device());
+  uint32_t ctx = capture(GM_HIST_CTX_ALL);
   for (int d = 0; d < kMaxDevices; d++) {
     gm_alloc_t* a = existing_core(d);
     if (!a)
@@ -307,34 +347,6 @@ void GpumemAllocator::emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) {
     int rc = g_core->empty_cache(a, ctx);
     TORCH_CHECK(rc == GM_OK, "gpumem: empty_cache on device ", d, " failed: ", core_error(a, rc));
   }
-}
-
-void GpumemAllocator::cacheInfo(c10::DeviceIndex device, size_t* largestBlock) {
-  gm_alloc_t* a = core(device);
-  if (*largestBlock == 0) { /* torch's first guess: what the device has free */
-    size_t free_b = 0, total = 0;
-    char err[512] = "";
-    if (g_core->mem_get_info(device, &free_b, &total, err, sizeof err) == GM_OK)
-      *largestBlock = free_b;
-  }
-  largest_free st;
-  g_core->walk(a, largest_cb, &st);
-  if (st.largest > *largestBlock)
-    *largestBlock = st.largest;
-}
-
-void* GpumemAllocator::getBaseAllocation(void* ptr, size_t* size) {
-  base_lookup st;
-  st.ptr = reinterpret_cast<uintptr_t>(ptr);
-  for (int d = 0; d < kMaxDevices && !st.base; d++) {
-    gm_alloc_t* a = existing_core(d);
-    if (a)
-      g_core->walk(a, base_cb, &st);
-  }
-  TORCH_CHECK(st.base != 0, "gpumem: ", ptr, " is not memory allocated by gpumem");
-  if (size)
-    *size = st.size;
-  return reinterpret_cast<void*>(st.base);
 }
 
 void GpumemAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
@@ -355,68 +367,6 @@ void GpumemAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStrea
   TORCH_CHECK(rc == GM_OK, "gpumem: record_stream(", p, ") failed: ", core_error(a, rc));
 }
 
-c10::CachingDeviceAllocator::DeviceStats GpumemAllocator::getDeviceStats(
-    c10::DeviceIndex device) {
-  c10::CachingDeviceAllocator::DeviceStats out;
-  gm_stats_t st{};
-  gm_alloc_t* a = existing_core(device);
-  if (a) {
-    g_core->get_stats(a, &st);
-  } else {
-    st.max_split_size =
-        settings_.max_split_size == SIZE_MAX ? -1 : static_cast<int64_t>(settings_.max_split_size);
-  }
-  auto conv = [](c10::CachingAllocator::Stat& dst, const gm_stat_t& src) {
-    dst.current = src.current;
-    dst.peak = src.peak;
-    dst.allocated = src.allocated;
-    dst.freed = src.freed;
-  };
-  /* gpumem's stat types are in torch's order: all, small pool, large pool. */
-  for (int t = 0; t < GM_STAT_NTYPES; t++) {
-    conv(out.allocation[t], st.allocation[t]);
-    conv(out.segment[t], st.segment[t]);
-    conv(out.active[t], st.active[t]);
-    conv(out.inactive_split[t], st.inactive_split[t]);
-    conv(out.allocated_bytes[t], st.allocated_bytes[t]);
-    conv(out.reserved_bytes[t], st.reserved_bytes[t]);
-    conv(out.active_bytes[t], st.active_bytes[t]);
-    conv(out.inactive_split_bytes[t], st.inactive_split_bytes[t]);
-    conv(out.requested_bytes[t], st.requested_bytes[t]);
-  }
-  conv(out.oversize_allocations, st.oversize_allocations);
-  conv(out.oversize_segments, st.oversize_segments);
-  out.num_alloc_retries = st.num_alloc_retries;
-  out.num_ooms = st.num_ooms;
-  out.num_sync_all_streams = st.num_sync_all_streams;
-  out.num_device_alloc = st.num_device_alloc;
-  out.num_device_free = st.num_device_free;
-  out.num_oom_rejections = 0;
-  out.max_split_size = st.max_split_size;
-  return out;
-}
-
-void GpumemAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
-  if (gm_alloc_t* a = existing_core(device))
-    g_core->reset_accumulated_stats(a);
-}
-
-void GpumemAllocator::resetPeakStats(c10::DeviceIndex device) {
-  if (gm_alloc_t* a = existing_core(device))
-    g_core->reset_peak_stats(a);
-}
-
-cca::SnapshotInfo GpumemAllocator::snapshot(c10::cuda::MempoolId_t, bool) {
-  TORCH_CHECK(false, kNoHistory);
-}
-
-bool GpumemAllocator::isHistoryEnabled() { return g_core->hist_enabled() != 0; }
-
-void GpumemAllocator::recordHistory(bool, cca::CreateContextFn, size_t, cca::RecordContext, bool,
-                                    const std::vector<std::string>&) {
-  TORCH_CHECK(false, kNoHistory);
-}
-
 void GpumemAllocator::beginAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t,
                                           std::function<bool(cudaStream_t)>) {
   TORCH_CHECK(false,
@@ -432,6 +382,11 @@ void GpumemAllocator::releasePool(c10::DeviceIndex, c10::cuda::MempoolId_t) {}
 void GpumemAllocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
   std::lock_guard<std::mutex> guard(observers_mu_);
   oom_observers_.emplace_back(std::move(observer));
+}
+
+std::vector<cca::OutOfMemoryObserver> GpumemAllocator::oom_observers() {
+  std::lock_guard<std::mutex> guard(observers_mu_);
+  return oom_observers_;
 }
 
 void GpumemAllocator::attachOomRejectionObserver(cca::OomRejectionObserver) {}

@@ -9,9 +9,15 @@
  * initialise CUDA themselves except ensure_device(). Calls that may wait on
  * the device (empty_cache, ensure_device) release the GIL. set_oom_hook()
  * installs the Python callable behind run_oom_hook (Note [OOM hook]).
+ * torch_settings() reads torch's allocator settings (Note [One parser:
+ * torch's] in gm_torch_config.cpp); a bad setting raises torch's
+ * ValueError.
  */
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 
 #include "gm_torch.h"
 
@@ -151,6 +157,61 @@ const T* import_capsule(const char* name, unsigned version, const char* what) {
   return api;
 }
 
+py::object settings_dict(const gm_settings_t& s) {
+  PyObject* d = gpumem::g_core->settings_dict(&s);
+  if (!d)
+    throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(d);
+}
+
+/* torch's settings, after applying `override_conf` (GPUMEM_ALLOC_CONF) as a
+ * complete replacement of the torch variables' device settings. */
+py::dict torch_settings(py::object override_conf) {
+  namespace ac = c10::CachingAllocator;
+  try {
+    gpumem::torch_settings(); /* torch parses its variables now: their errors first */
+    if (!override_conf.is_none()) {
+      ac::setAllocatorSettings("expandable_segments:False,per_process_memory_fraction:1.0");
+      ac::setAllocatorSettings(override_conf.cast<std::string>());
+    }
+    py::dict out;
+    out["settings"] = settings_dict(gpumem::torch_settings());
+    out["conf"] = ac::getAllocatorSettings();
+    out["fraction"] = gpumem::torch_memory_fraction();
+    out["caching"] = !gpumem::caching_forced_off();
+    return out;
+  } catch (const c10::ValueError& e) {
+    throw py::value_error(e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    throw py::value_error(e.what_without_backtrace());
+  }
+}
+
+/* torch's allocator_settings snapshot dict (torch/csrc/cuda/Module.cpp's keys
+ * and order), for the settings gpumem runs with. */
+py::dict allocator_settings() {
+  namespace ac = c10::CachingAllocator;
+  using Cuda = c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig;
+  gm_settings_t s = need_instance().settings();
+  auto as_i64 = [](size_t v) { return v == SIZE_MAX ? int64_t(-1) : static_cast<int64_t>(v); };
+  py::dict d;
+  d["PYTORCH_CUDA_ALLOC_CONF"] = ac::getAllocatorSettings();
+  d["max_split_size"] = as_i64(s.max_split_size);
+  d["garbage_collection_threshold"] = s.garbage_collection_threshold;
+  d["expandable_segments"] = s.expandable_segments != 0;
+  d["pinned_num_register_threads"] = static_cast<int64_t>(Cuda::pinned_num_register_threads());
+  d["release_lock_on_cudamalloc"] = Cuda::release_lock_on_cudamalloc();
+  d["pinned_use_cuda_host_register"] = Cuda::pinned_use_cuda_host_register();
+  d["graph_capture_record_stream_reuse"] = Cuda::graph_capture_record_stream_reuse();
+  d["max_round_threshold"] = as_i64(ac::AcceleratorAllocatorConfig::pinned_max_round_threshold());
+  d["max_cached_size"] = as_i64(ac::AcceleratorAllocatorConfig::pinned_max_cached_size());
+  py::dict roundup;
+  for (int i = 0; i < GM_ROUNDUP_INTERVALS; i++)
+    roundup[py::str(std::to_string(1u << i))] = static_cast<int64_t>(s.roundup_power2_divisions[i]);
+  d["roundup_power2_divisions"] = roundup;
+  return d;
+}
+
 py::object stats_of(int device) {
   check_index(device);
   GpumemAllocator& alloc = need_instance();
@@ -197,12 +258,38 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           throw py::error_already_set();
         std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> a =
             gpumem::create_instance(s);
+        gpumem::follow_torch_settings();
         return a;
       },
       py::arg("settings") = py::none(),
       "Create (once) gpumem's torch allocator; returns it as torch._C._cuda_CUDAAllocator. "
       "Settings of a second call are ignored: the first allocator stays.");
 
+  m.def("torch_settings", &torch_settings, py::arg("override_conf") = py::none(),
+        "{'settings': gpumem's settings dict, 'conf': the string torch parsed last, "
+        "'fraction': per_process_memory_fraction, 'caching': False under "
+        "PYTORCH_NO_CUDA_MEMORY_CACHING}; override_conf (GPUMEM_ALLOC_CONF) replaces the "
+        "device settings of torch's variables first. A bad setting raises ValueError.");
+  m.def("ignored_entries", &gpumem::ignored_entries, py::arg("text"), py::arg("source"),
+        "One line per entry of a settings string that gpumem does not honour.");
+  m.def("settings", []() { return settings_dict(need_instance().settings()); },
+        "The settings dict in force (torch's settings changed at run time included).");
+  m.def("allocator_settings", &allocator_settings,
+        "torch's allocator_settings snapshot dict for the settings in force.");
+  m.def("set_annotations", &gpumem::set_annotations, py::arg("enabled"), py::arg("global_"),
+        "Record record_function ranges while memory history is recorded (Note [Annotations]).");
+  m.def("annotations", []() {
+    py::list out;
+    for (const auto& a : gpumem::annotations()) {
+      py::dict d;
+      d["stage"] = std::get<1>(a) ? "START" : "END";
+      d["name"] = std::get<0>(a);
+      d["device"] = std::get<2>(a);
+      d["time_us"] = std::get<3>(a);
+      out.append(d);
+    }
+    return out;
+  }, "external_annotations for a snapshot: {stage, name, device, time_us} each.");
   m.def("exists", []() { return gpumem::instance() != nullptr; });
   m.def("is_current", []() {
     GpumemAllocator* a = gpumem::instance();

@@ -216,6 +216,7 @@ TEST(action_names_match_torch) {
     CHECK_STR(gm_action_name(GM_ACT_SEGMENT_UNMAP), "segment_unmap");
     CHECK_STR(gm_action_name(GM_ACT_SNAPSHOT), "snapshot");
     CHECK_STR(gm_action_name(GM_ACT_OOM), "oom");
+    CHECK_STR(gm_action_name(GM_ACT_ANNOTATE), "annotate");
     CHECK(gm_action_name(GM_ACT_COUNT) != NULL);
     CHECK(gm_action_name(-1) != NULL);
 }

@@ -63,7 +63,7 @@ int fc_valid_device(int dev) { return dev >= 0 && dev < fc.ndev; }
 void fc_note_usage_unlocked(int dev)
 {
     fc_device_t *d = &fc.dev[dev];
-    size_t used = d->bytes_allocated + d->bytes_created;
+    size_t used = fc_used(d);
     if (used > d->peak_used)
         d->peak_used = used;
 }
@@ -306,13 +306,13 @@ static const char *config_env(const char *name, const char **var)
     return NULL;
 }
 
-/* Parse every GPUMEM_FAKECUDA_* variable; all or nothing. DEVICES, MEMORY
- * and EVENTS may also be given as GPUMEM_SIM_*. */
+/* Parse every GPUMEM_FAKECUDA_* variable; all or nothing. DEVICES, MEMORY,
+ * CONTEXT_MEMORY and EVENTS may also be given as GPUMEM_SIM_*. */
 static int load_config_unlocked(void)
 {
     const char *v;
     int ndev = 1;
-    size_t memory = 80ull << 30, gran = 2ull << 20, fail_above = 0;
+    size_t memory = 80ull << 30, gran = 2ull << 20, fail_above = 0, context_memory = 0;
     int ev_mode = fc.ev_mode; /* FC_EV_IMMEDIATE unless set_event_mode ran before */
     long ev_after = fc.ev_after;
     fc_fail_rule_t rules[FC_MAX_FAIL_RULES];
@@ -335,6 +335,13 @@ static int load_config_unlocked(void)
         if (fc_parse_size(v, &memory) || memory == 0) {
             fprintf(stderr, "fakecuda: %s='%s' is invalid: expected a positive "
                             "size such as 80GiB, 512MiB or 1048576\n", var, v);
+            return -1;
+        }
+    }
+    if ((v = config_env("CONTEXT_MEMORY", &var))) {
+        if (fc_parse_size(v, &context_memory)) {
+            fprintf(stderr, "fakecuda: %s='%s' is invalid: expected a size such as 300MiB "
+                            "(or 0)\n", var, v);
             return -1;
         }
     }
@@ -388,6 +395,7 @@ static int load_config_unlocked(void)
 
     fc.ndev = ndev;
     fc.memory = memory;
+    fc.context_memory = context_memory;
     fc.granularity = gran;
     fc.fail_above = fail_above;
     fc.ev_mode = ev_mode;
@@ -792,6 +800,21 @@ static void reset_ctx_unlocked(struct CUctx_st *c)
     fc_sync_reset_ctx_unlocked(c);
 }
 
+/*
+ * Note [Context memory]
+ * Rationale: on a real GPU an active context holds device memory of its own
+ *   (code, stacks, heaps: a few hundred MiB), which cudaMemGetInfo reports
+ *   as used and allocations cannot have; programs and tests that reason
+ *   about "half the device" depend on it.
+ * Approach: GPUMEM_SIM_CONTEXT_MEMORY (also GPUMEM_FAKECUDA_CONTEXT_MEMORY)
+ *   bytes are charged to a device when its primary context becomes active
+ *   (first retain) and given back when the last reference is released; a
+ *   device without that much free memory refuses the context with
+ *   CUDA_ERROR_OUT_OF_MEMORY, as the driver does.
+ * Limitations: the default is 0 (the charge varies with the GPU and the
+ *   driver, and a simulation should not invent one); a reset keeps it, as
+ *   the context stays retained.
+ */
 FC_API CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     FC_BEGIN(FN_cuDevicePrimaryCtxRetain, 1);
@@ -799,6 +822,14 @@ FC_API CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     if (!fc_valid_device(dev))
         FC_FAIL(CUDA_ERROR_INVALID_DEVICE);
+    fc_device_t *d = &fc.dev[dev];
+    if (d->ctx.refcount == 0 && fc.context_memory) {
+        size_t used = fc_used(d);
+        if (used > d->capacity || fc.context_memory > d->capacity - used)
+            FC_FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+        d->bytes_context = fc.context_memory;
+        fc_note_usage_unlocked(dev);
+    }
     fc.dev[dev].ctx.refcount++;
     *pctx = &fc.dev[dev].ctx;
     FC_END();
@@ -812,8 +843,10 @@ static CUresult primary_release(int fn, CUdevice dev)
     struct CUctx_st *c = &fc.dev[dev].ctx;
     if (c->refcount == 0) /* documented: releasing what was not retained */
         FC_FAIL(CUDA_ERROR_INVALID_CONTEXT);
-    if (--c->refcount == 0)
+    if (--c->refcount == 0) {
         reset_ctx_unlocked(c);
+        fc.dev[dev].bytes_context = 0;
+    }
     FC_END();
 }
 

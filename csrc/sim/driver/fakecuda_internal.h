@@ -131,22 +131,31 @@ void fc_vec_remove_at(fc_vec_t *vec, size_t idx);
 void *fc_vec_remove(fc_vec_t *vec, uint64_t key);
 
 /* ---- contexts and devices ---- */
+typedef struct fc_device fc_device_t;
 struct CUctx_st {
     int device;                 /* immutable after init */
     int refcount;               /* primary-context retains outstanding */
 };
 
-typedef struct {
+struct fc_device {
     size_t capacity;            /* immutable after init */
     struct CUctx_st ctx;        /* the primary context; &ctx is its CUcontext */
     size_t bytes_allocated;     /* live cuMemAlloc bytes */
     size_t bytes_created;       /* physical cuMemCreate bytes not yet freed */
     size_t bytes_mapped;        /* cuMemMap'ed bytes of this device's handles */
     size_t bytes_reserved;      /* cuMemAddressReserve'd bytes charged here */
-    size_t peak_used;           /* max of bytes_allocated + bytes_created */
+    size_t bytes_context;       /* held by the active primary context */
+    size_t peak_used;           /* max of fc_used() */
     size_t n_allocs, n_handles, n_phys, n_reservations, n_mappings;
     size_t n_events, n_streams;
-} fc_device_t;
+};
+
+/* Device memory in use: allocations, physical VMM memory, and the memory an
+ * active context holds (Note [Context memory] in fakecuda.c). */
+static inline size_t fc_used(const fc_device_t *d)
+{
+    return d->bytes_allocated + d->bytes_created + d->bytes_context;
+}
 
 /* ---- tracked objects ---- */
 typedef struct {
@@ -217,6 +226,7 @@ typedef struct {
     int initialized;            /* cuInit succeeded */
     int ndev;
     size_t memory;              /* capacity per device */
+    size_t context_memory;      /* what an active primary context holds (default 0) */
     size_t granularity;         /* 0: no VMM */
     size_t fail_above;          /* 0: off */
     char *report_path;          /* malloc'ed or NULL */

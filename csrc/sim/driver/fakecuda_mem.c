@@ -12,7 +12,7 @@
  *   bytes_allocated = sum of live cuMemAlloc sizes of the device;
  *   bytes_created   = sum of cuMemCreate sizes whose memory is not freed yet
  *                     (unreleased, or released but still mapped);
- *   bytes_allocated + bytes_created <= capacity;
+ *   bytes_allocated + bytes_created + bytes_context <= capacity (fc_used);
  *   mappings never overlap and each lies inside one reservation;
  *   a handle's memory is freed exactly when it is released and unmapped.
  *
@@ -59,7 +59,7 @@ static size_t page_size(void)
 static int over_limit_unlocked(int dev, size_t size)
 {
     const fc_device_t *d = &fc.dev[dev];
-    size_t used = d->bytes_allocated + d->bytes_created;
+    size_t used = fc_used(d);
     if (fc.fail_above && size > fc.fail_above)
         return 1;
     return used > d->capacity || size > d->capacity - used;
@@ -147,7 +147,7 @@ FC_API CUresult CUDAAPI cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     if (!free_bytes || !total)
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     const fc_device_t *d = &fc.dev[c->device];
-    size_t used = d->bytes_allocated + d->bytes_created;
+    size_t used = fc_used(d);
     *free_bytes = used < d->capacity ? d->capacity - used : 0;
     *total = d->capacity;
     FC_END();

@@ -221,17 +221,18 @@ static void build_report_unlocked(sim_sb_t *sb)
     size_t lk_maps = 0, lk_mapped = 0, lk_events = 0, lk_streams = 0, lk_refs = 0;
     for (int i = 0; i < fc.ndev; i++) {
         const fc_device_t *d = &fc.dev[i];
-        size_t used = d->bytes_allocated + d->bytes_created;
+        size_t used = fc_used(d);
         sim_sb_printf(sb,
                      "%s\n  {\"ordinal\": %d, \"capacity\": %zu, \"bytes_allocated\": %zu, "
                      "\"bytes_created\": %zu, \"bytes_mapped\": %zu, \"bytes_reserved\": %zu, "
+                     "\"bytes_context\": %zu, "
                      "\"bytes_used\": %zu, \"bytes_free\": %zu, \"peak_bytes_used\": %zu, "
                      "\"allocations\": %zu, \"handles\": %zu, \"handles_released_but_mapped\": %zu, "
                      "\"reservations\": %zu, \"mappings\": %zu, \"events\": %zu, "
                      "\"events_pending\": %zu, \"streams\": %zu, \"primary_ctx_refcount\": %d, "
                      "\"primary_ctx_active\": %s}",
                      i ? "," : "", i, d->capacity, d->bytes_allocated, d->bytes_created,
-                     d->bytes_mapped, d->bytes_reserved, used,
+                     d->bytes_mapped, d->bytes_reserved, d->bytes_context, used,
                      used < d->capacity ? d->capacity - used : 0, d->peak_used, d->n_allocs,
                      d->n_handles, d->n_phys - d->n_handles, d->n_reservations, d->n_mappings,
                      d->n_events, fc_sync_pending_events_unlocked(i), d->n_streams,
@@ -337,7 +338,7 @@ FC_API int fakecuda_device_memory(int device, size_t *total, size_t *used)
         if (total)
             *total = d->capacity;
         if (used)
-            *used = d->bytes_allocated + d->bytes_created;
+            *used = fc_used(d);
         ret = 0;
     }
     fc_unlock();
@@ -393,16 +394,16 @@ FC_API long long fakecuda_query(const char *key, int device)
         v = (long long)t;
     } else if (fc.config_loaded && fc_valid_device(device)) {
         const fc_device_t *d = &fc.dev[device];
-        size_t used = d->bytes_allocated + d->bytes_created;
+        size_t used = fc_used(d);
         static const char *const keys[] = {
             "capacity", "bytes_allocated", "bytes_created", "bytes_mapped", "bytes_reserved",
-            "bytes_used", "bytes_free", "peak_bytes_used", "allocations", "handles",
+            "bytes_context", "bytes_used", "bytes_free", "peak_bytes_used", "allocations", "handles",
             "handles_released_but_mapped", "reservations", "mappings", "events",
             "events_pending", "streams", "primary_ctx_refcount",
         };
         size_t vals[] = {
             d->capacity, d->bytes_allocated, d->bytes_created, d->bytes_mapped, d->bytes_reserved,
-            used, used < d->capacity ? d->capacity - used : 0, d->peak_used, d->n_allocs,
+            d->bytes_context, used, used < d->capacity ? d->capacity - used : 0, d->peak_used, d->n_allocs,
             d->n_handles, d->n_phys - d->n_handles, d->n_reservations, d->n_mappings,
             d->n_events, fc_sync_pending_events_unlocked(device), d->n_streams,
             (size_t)d->ctx.refcount,

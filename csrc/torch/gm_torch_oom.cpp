@@ -1,0 +1,63 @@
+/*
+ * gm_torch_oom.cpp - out of memory as torch reports it: torch's message,
+ * word for word, gpumem's OOM hook, torch's OOM observers, then
+ * c10::OutOfMemoryError (torch.OutOfMemoryError in Python). See Note [Out
+ * of memory through the pluggable allocator] in gm_torch_alloc.cpp.
+ *
+ * The message is torch's, including "allocated by PyTorch" and the
+ * PYTORCH_CUDA_ALLOC_CONF hint: gpumem takes its settings from that
+ * variable, and scripts and tools parse this text. "<limit> allowed; " is
+ * there exactly when a memory fraction below 1 is in force (even one of 0
+ * bytes). The NVML process lines torch may add are not (gpumem does not
+ * query NVML).
+ * Must not: be called with a core lock held.
+ */
+#include "gm_torch.h"
+
+#include <c10/util/Exception.h>
+
+namespace gpumem {
+
+namespace {
+
+std::string size_text(size_t bytes) {
+  char buf[48];
+  g_core->format_size(bytes, buf, sizeof buf);
+  return buf;
+}
+
+}  // namespace
+
+std::string oom_message(int device, const gm_oom_info_t& oom) {
+  std::string msg = "CUDA out of memory. Tried to allocate " + size_text(oom.alloc_size) +
+                    ". GPU " + std::to_string(device) + " has a total capacity of " +
+                    size_text(oom.device_total) + " of which " + size_text(oom.device_free) +
+                    " is free. ";
+  if (oom.has_limit)
+    msg += size_text(oom.allowed) + " allowed; ";
+  msg += "Of the allocated memory " + size_text(oom.allocated) +
+         " is allocated by PyTorch, and " + size_text(oom.reserved_unallocated) +
+         " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large "
+         "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+         "fragmentation.  See documentation for Memory Management  "
+         "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-"
+         "pytorch-cuda-alloc-conf)";
+  return msg;
+}
+
+void throw_oom(GpumemAllocator& alloc, int device, const gm_oom_info_t& oom,
+               cudaStream_t stream) {
+  std::string msg = oom_message(device, oom);
+  /* Before the observers: the snapshot shows the state at the failure. */
+  std::string extra = run_oom_hook(device, oom, reinterpret_cast<uintptr_t>(stream), msg.c_str());
+  if (!extra.empty()) {
+    msg += "\n";
+    msg += extra;
+  }
+  size_t allowed = oom.has_limit ? oom.allowed : oom.device_total;
+  for (const auto& obs : alloc.oom_observers())
+    obs(device, oom.alloc_size, allowed, oom.device_free);
+  TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+}
+
+}  // namespace gpumem

@@ -1,0 +1,127 @@
+"""PyTorch's allocator and memory-history behaviour, checked under torch's
+own allocator and under gpumem, on the simulated GPU.
+
+Each cf_*.py module is a group of checks (see harness.py for how a check is
+written).  A group runs in one subprocess per variant and allocator
+(runner.py): torch's CUDA build imports once and runs every check of the
+group, so the suite starts a few dozen processes, not hundreds.  Every check
+then becomes one pytest test per allocator, named
+``test_conformance[<group>-<variant>-<torch|gpumem>-<check>]``.
+
+The bar: a check that passes under torch's allocator passes under gpumem.
+Where gpumem differs on purpose the check is marked @differs(anchor) and
+asserts gpumem's own behaviour under gpumem; docs/compatibility.md lists
+each such difference under that anchor with the reason
+(test_every_difference_is_documented keeps the two in step). A check that
+the simulated GPU cannot pass under either allocator is marked
+@sim_limit(reason) and expected to fail, strictly: once the simulator can
+show the behaviour, the mark must go.
+
+Group modules set, optionally: VARIANTS ({name: extra environment}, default
+one variant ""), MEMORY (the simulated device's size, default 80GiB),
+EVENTS (the simulator's event mode, default immediate), FAST (the variants
+in the fast tier; the others are marked slow), INSTALL_MAY_FAIL.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import runner  # noqa: E402  (tests/conformance)
+from test_torch_common import ROOT, _env, built_shim  # noqa: E402  (tests/)
+
+MODES = ("torch", "gpumem")
+COMPAT = ROOT / "docs" / "compatibility.md"
+
+
+def _group_names() -> list[str]:
+    return sorted(p.stem for p in HERE.glob("cf_*.py"))
+
+
+@functools.lru_cache(maxsize=None)
+def _group(name: str):
+    return importlib.import_module(name)
+
+
+def _variants(name: str) -> dict:
+    return getattr(_group(name), "VARIANTS", {"": {}})
+
+
+def _params() -> list:
+    out = []
+    for g in _group_names():
+        mod = _group(g)
+        fast = getattr(mod, "FAST", ())
+        for variant in _variants(g):
+            marks = [] if variant in fast else [pytest.mark.slow]
+            for fn in runner.checks_of(mod):
+                why = getattr(fn, "sim_limit", None)
+                extra = [pytest.mark.xfail(reason=f"simulator: {why}", strict=True)] if why else []
+                for mode in MODES:
+                    label = f"{g[3:]}-{variant or 'default'}-{mode}-{fn.__name__[6:]}"
+                    out.append(pytest.param(g, variant, mode, fn.__name__, marks=marks + extra,
+                                            id=label))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _run(group: str, variant: str, mode: str) -> dict:
+    """Run one group under one allocator (once per session); {check: result}."""
+    built_shim()
+    from gpumem import sim
+    mod = _group(group)
+    env = _env(_variants(group)[variant])
+    env = sim.sim_env(memory=getattr(mod, "MEMORY", "80GiB"), events=getattr(mod, "EVENTS", None),
+                      base=env)
+    env["PYTHONWARNINGS"] = "ignore::FutureWarning"
+    proc = subprocess.run([sys.executable, str(HERE / "runner.py"), group, mode],
+                          capture_output=True, text=True, cwd=str(HERE), env=env, timeout=900)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(runner.RESULTS_MARKER):
+            return json.loads(line[len(runner.RESULTS_MARKER):])
+    return {"__run__": {"status": "fail", "detail": (
+        f"exit status {proc.returncode}, no results\n--- stdout\n{proc.stdout[-3000:]}\n"
+        f"--- stderr\n{proc.stderr[-6000:]}")}}
+
+
+@pytest.mark.parametrize("group,variant,mode,check", _params())
+def test_conformance(group, variant, mode, check):
+    results = _run(group, variant, mode)
+    if "__run__" in results:
+        pytest.fail(results["__run__"]["detail"], pytrace=False)
+    res = results.get(check)
+    assert res is not None, f"{check} did not run; results: {sorted(results)}"
+    if res["status"] == "skip":
+        pytest.skip(res["detail"])
+    if res["status"] != "pass":
+        pytest.fail(res["detail"], pytrace=False)
+
+
+def _anchors() -> set[str]:
+    return set(re.findall(r'<a id="([^"]+)"></a>', COMPAT.read_text(encoding="utf-8")))
+
+
+def test_every_difference_is_documented():
+    """Each @differs(anchor) names an entry of docs/compatibility.md, and
+    each entry there is pinned by a check."""
+    used = {}
+    for g in _group_names():
+        for fn in runner.checks_of(_group(g)):
+            if getattr(fn, "differs", None):
+                used.setdefault(fn.differs, []).append(f"{g}.{fn.__name__}")
+    documented = _anchors()
+    assert set(used) <= documented, f"undocumented differences: {set(used) - documented}"
+    assert documented <= set(used), f"entries no check pins: {documented - set(used)}"
