@@ -79,8 +79,22 @@ def _import_torch():
     return torch
 
 
-def _applicable_entries(text: str) -> str:
-    """The entries of a torch allocator string whose key gpumem implements."""
+#: torch 2.14's allocator keys that gpumem's own parser does not take: torch
+#: parses them at install() (gpumem honours per_process_memory_fraction and
+#: names the rest it ignores), so a preview without torch leaves them out.
+TORCH_ONLY_KEYS = frozenset((
+    "per_process_memory_fraction", "backend", "release_lock_on_cudamalloc",
+    "release_lock_on_hipmalloc", "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
+    "pinned_use_background_threads", "pinned_num_register_threads",
+    "pinned_reserve_segment_size_mb", "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb", "pinned_free_catch_all", "graph_capture_record_stream_reuse",
+    "throw_on_cudamalloc_oom", "max_non_split_rounding_mb", "large_segment_size_mb"))
+
+
+def _applicable_entries(text: str, keep_unknown: bool = False) -> str:
+    """The entries of a torch allocator string whose key gpumem implements
+    (and, with keep_unknown, those whose key torch does not know either, so
+    that parse_conf refuses them as torch's parser would)."""
     keep, depth, start = [], 0, 0
     for i, ch in enumerate(text + ","):
         if ch == "[":
@@ -90,7 +104,8 @@ def _applicable_entries(text: str) -> str:
         elif ch == "," and depth <= 0:
             entry = text[start:i].strip()
             start = i + 1
-            if entry and entry.split(":", 1)[0].strip() in CONF_KEYS:
+            key = entry.split(":", 1)[0].strip()
+            if entry and (key in CONF_KEYS or (keep_unknown and key not in TORCH_ONLY_KEYS)):
                 keep.append(entry)
     return ",".join(keep)
 
@@ -100,13 +115,15 @@ def _read_settings(environ: Optional[Mapping[str, str]] = None) -> tuple[dict, s
     (default os.environ), read without torch: a preview of what install()
     gets from torch's own parser."""
     environ = os.environ if environ is None else environ
-    # torch parses these at install(): keys gpumem does not implement are
-    # torch's to accept or refuse, so the preview leaves them out.
+    # torch parses these at install(): the preview leaves out torch's keys
+    # that gpumem's parser does not take, and in GPUMEM_ALLOC_CONF refuses
+    # a key neither knows, as torch's parser will.
     for var in ("GPUMEM_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         text = environ.get(var)
-        if text or (text is not None and var == "GPUMEM_ALLOC_CONF"):
+        own = var == "GPUMEM_ALLOC_CONF"
+        if text or (text is not None and own):
             try:
-                return parse_conf(_applicable_entries(text)), var
+                return parse_conf(_applicable_entries(text, keep_unknown=own)), var
             except ConfError as e:
                 why = ("" if var == "GPUMEM_ALLOC_CONF" else
                        " for gpumem, which takes its settings from it when GPUMEM_ALLOC_CONF "

@@ -246,3 +246,41 @@ def test_two_devices_and_raw_allocations():
     assert all(o["agree"]) and all(o["native"])
     assert o["devs"] == [0, 1]
     assert o["after"] == 0 and o["raw_alloc"] == 1 << 20 and o["raw_after"] == 0
+
+
+def test_the_preview_leaves_torchs_keys_to_torch():
+    """gpumem simulate and gpumem doctor check the settings without torch;
+    they must not refuse a key torch takes (install() warns that gpumem
+    ignores it) and must refuse one torch refuses."""
+    from gpumem._torch import AllocConfError, check_environment
+    check_environment({"GPUMEM_ALLOC_CONF": "release_lock_on_cudamalloc:True,"
+                                            "per_process_memory_fraction:0.5,"
+                                            "expandable_segments:True"})
+    for env in ({"GPUMEM_ALLOC_CONF": "bogus:1"},
+                {"GPUMEM_ALLOC_CONF": "release_lock_on_cudamalloc:True,bogus:1"},
+                {"PYTORCH_CUDA_ALLOC_CONF": "backend:native,max_split_size_mb:10"}):
+        with pytest.raises(AllocConfError):
+            check_environment(env)
+
+
+@needs_torch
+def test_torch_knows_every_key_the_preview_leaves_to_it():
+    """TORCH_ONLY_KEYS is torch's own list: its parser takes each of them."""
+    from gpumem._torch import TORCH_ONLY_KEYS
+    proc = run_py(f'''
+        import json, torch
+        unknown = []
+        for key in {sorted(TORCH_ONLY_KEYS)!r}:
+            try:
+                torch._C._accelerator_setAllocatorSettings(key + ":0")
+            except Exception as e:
+                if "Unrecognized key" in str(e):
+                    unknown.append(key)
+        try:
+            torch._C._accelerator_setAllocatorSettings("bogus:1")
+        except Exception as e:
+            bogus = str(e)
+        print(json.dumps({{"unknown": unknown, "bogus": bogus}}))
+    ''')
+    o = last_json(proc.stdout)
+    assert o["unknown"] == [] and "Unrecognized key 'bogus'" in o["bogus"], o
