@@ -228,7 +228,7 @@ int gm_alloc_free(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx) {
         rc = gm_events_insert_unlocked(a, b);
     if (gm_block_is_free(b)) {
         gm_pool_return_unlocked(a, b, ctx);
-        if (rc == GM_OK)
+        if (a->uncached && rc == GM_OK) /* tested here: no call per cached free */
             rc = gm_release_uncached_unlocked(a, b, ctx);
     }
     GM_DEEP_CHECK(a);

@@ -23,7 +23,8 @@ int gm_release_free_unlocked(gm_alloc_t *a, uint32_t ctx);
 void gm_release_gc_unlocked(gm_alloc_t *a, uint32_t ctx);
 /* With caching off (a->uncached), free block b, just returned to its pool,
  * goes back to the device if its segment (or its granules) are now wholly
- * free; with caching on, nothing happens. */
+ * free; with caching on, nothing happens (callers on the free path test
+ * a->uncached first, to save the call). */
 int gm_release_uncached_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx);
 
 #endif /* GM_CORE_RELEASE_H */
