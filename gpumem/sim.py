@@ -140,8 +140,12 @@ def libraries(cuda_major: int = CUDA_MAJOR) -> Dict[str, Path]:
 
 def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = None,
             events: Optional[str] = None, log: Optional[str] = None, report: Optional[str] = None,
-            base: Optional[Mapping[str, str]] = None, cuda_major: int = CUDA_MAJOR) -> Dict[str, str]:
+            base: Optional[Mapping[str, str]] = None, cuda_major: int = CUDA_MAJOR,
+            gpu: Optional[str] = None) -> Dict[str, str]:
     """The environment a process needs to run on the simulator.
+
+    gpu: a GPU model of gpumem.sim_gpus (default: the fake driver's own,
+    H100-SXM-80GB); its memory is the default for ``memory``.
 
     base: the environment to start from (default os.environ). The fakes go
     in front of any LD_PRELOAD already there; GPUMEM_LIBCUDA points gpumem's
@@ -155,6 +159,15 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
     env["LD_PRELOAD"] = ":".join(preload)
     env["GPUMEM_SIM_LIB_DIR"] = str(next(iter(libs.values())).parent)
     env["GPUMEM_LIBCUDA"] = str(libs["libcuda.so.1"])
+    if gpu is not None:
+        from gpumem import sim_gpus
+        try:
+            model = sim_gpus.lookup(gpu)
+        except ValueError as e:
+            raise SimError(f"--gpu: {e}") from None
+        env["GPUMEM_SIM_GPU"] = sim_gpus.spec(model)
+        if memory is None:
+            memory = model["memory"]
     if memory is not None:
         env["GPUMEM_SIM_MEMORY"] = str(parse_size(memory))
     if devices is not None:
@@ -172,9 +185,10 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
     return env
 
 
-def run_snippet(code: str, *, memory: Union[str, int] = "80GiB", devices: int = 1,
+def run_snippet(code: str, *, memory: Union[str, int, None] = "80GiB", devices: int = 1,
                 events: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-                timeout: float = 600, args: Sequence[str] = ()) -> Tuple[int, str, str]:
+                timeout: float = 600, args: Sequence[str] = (),
+                gpu: Optional[str] = None) -> Tuple[int, str, str]:
     """Run ``python -c code`` on the simulator; (returncode, stdout, stderr).
 
     env: extra variables on top of the current environment.
@@ -182,10 +196,15 @@ def run_snippet(code: str, *, memory: Union[str, int] = "80GiB", devices: int = 
     base = dict(os.environ)
     if env:
         base.update(env)
-    full = sim_env(memory=memory, devices=devices, events=events, base=base)
+    full = sim_env(memory=memory, devices=devices, events=events, base=base, gpu=gpu)
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env=full, timeout=timeout)
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def _gpu_names() -> List[str]:
+    from gpumem import sim_gpus
+    return list(sim_gpus.MODELS)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -194,7 +213,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         prog="python -m gpumem.sim",
         description="Run CMD with PyTorch's CUDA build on a simulated GPU.",
         epilog="Example: python -m gpumem.sim --memory 80GiB -- python train.py")
-    ap.add_argument("--memory", default=None, help="capacity per device, e.g. 80GiB (default 80GiB)")
+    ap.add_argument("--gpu", default=None, metavar="MODEL",
+                    help="the GPU model to simulate (default H100-SXM-80GB); one of: "
+                         + ", ".join(_gpu_names()))
+    ap.add_argument("--memory", default=None,
+                    help="capacity per device, e.g. 80GiB (default: the model's memory)")
     ap.add_argument("--devices", type=int, default=None, help="number of devices (default 1)")
     ap.add_argument("--events", default=None, help="immediate | never | after:N (default immediate)")
     ap.add_argument("--log", default=None, metavar="PATH|-",
@@ -207,7 +230,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     try:
         env = sim_env(memory=args.memory, devices=args.devices, events=args.events,
-                      log="stderr" if args.log == "-" else args.log, report=args.report)
+                      log="stderr" if args.log == "-" else args.log, report=args.report,
+                      gpu=args.gpu)
     except SimError as exc:
         print(f"gpumem.sim: error: {exc}", file=sys.stderr)
         return 2

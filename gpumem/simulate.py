@@ -1,6 +1,6 @@
 """``gpumem simulate``: run a training script on the simulated GPU and report its memory.
 
-    gpumem simulate [--memory 80GiB] [--devices N] [--out DIR] -- python train.py ...
+    gpumem simulate [--gpu MODEL] [--memory 80GiB] [--devices N] [--out DIR] -- python train.py ...
     python -m gpumem.simulate ...                  (the same, without the gpumem command)
 
 The command runs on the simulator (gpumem.sim: PyTorch's own CUDA build over
@@ -94,8 +94,14 @@ except Exception as _e:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``gpumem simulate`` (for cli.COMMANDS)."""
-    p.add_argument("--memory", default="80GiB", metavar="SIZE",
-                   help="memory of each simulated GPU, e.g. 80GiB, 24GiB, 512MiB (default 80GiB)")
+    from gpumem import sim_gpus
+    p.add_argument("--gpu", default=sim_gpus.DEFAULT, metavar="MODEL",
+                   help="the GPU model each simulated GPU is: its name, SM count, compute "
+                        "capability, shared memory, L2 and memory (default "
+                        f"{sim_gpus.DEFAULT}; one of {sim_gpus.names_line()})")
+    p.add_argument("--memory", default=None, metavar="SIZE",
+                   help="memory of each simulated GPU, e.g. 80GiB, 24GiB, 512MiB (default: "
+                        "the model's)")
     p.add_argument("--devices", type=int, default=1, metavar="N",
                    help="number of simulated GPUs (default 1)")
     p.add_argument("--out", default="gpumem_simulate", metavar="DIR",
@@ -222,7 +228,8 @@ def _times(n: int) -> str:
 def _print_report(r: dict[str, Any]) -> None:
     lines = [f"gpumem simulate: {shlex.join(r['command'])} exited with status {r['exit_status']} "
              f"after {r['seconds']:.1f} s on {r['devices']} simulated GPU(s) of "
-             f"{format_bytes(r['memory'], whole_units=True)}"]
+             f"{format_bytes(r['memory'], whole_units=True)}"
+             + (f", {r['gpu']['model']}" if r.get("gpu") else "")]
     if r["per_device"]:
         lines.append("peak memory (gpumem's allocator):")
         multi = len({(row["pid"]) for row in r["per_device"]}) > 1
@@ -272,9 +279,14 @@ def run(args: argparse.Namespace) -> int:
     if args.max_entries < 1:
         return _error(f"--max-entries must be at least 1, not {args.max_entries}")
     try:
-        memory = sim.parse_size(args.memory)
+        from gpumem import sim_gpus
+        try:
+            model = sim_gpus.lookup(args.gpu)
+        except ValueError as e:
+            return _error(f"--gpu: {e}")
+        memory = sim.parse_size(args.memory) if args.memory is not None else model["memory"]
         base = dict(os.environ)
-        env_probe = sim.sim_env(memory=memory, devices=args.devices, base=base)
+        env_probe = sim.sim_env(memory=memory, devices=args.devices, base=base, gpu=model.key)
     except sim.SimError as e:
         return _error(str(e))
     probe = dict(env_probe)
@@ -330,6 +342,7 @@ def run(args: argparse.Namespace) -> int:
         oom_files = sorted(oom_files)
         pages = {} if args.no_view else _views(procs, oom_files, out)
         report = _report(cmd, rc, memory, args.devices, out, procs, oom_files, pages, seconds)
+        report["gpu"] = sim_gpus.describe(model)
         try:
             with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
                 json.dump(report, f, indent=2)

@@ -72,7 +72,7 @@ def test_under_gpumem_simulate_the_self_test_passes(tmp_path):
     proc = doctor(sim=True, out=str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert "ok    GPU 0: gpumem simulated H100 (simulated), 80.00 GiB" in out
+    assert "ok    GPU 0: NVIDIA H100 80GB HBM3 (simulated), 80.00 GiB" in out
     assert "(gpumem's simulated GPU, started by gpumem simulate / gpumem.sim" in out
     for step in STEPS:
         assert f"ok    self-test {step}: " in out, out

@@ -620,9 +620,9 @@ def test_devices_and_attributes(lib):
         ok(cuDeviceGet(C.byref(d), -1), INVALID_DEVICE)
         ok(cuDeviceGet(None, 0), INVALID_VALUE)
         buf = C.create_string_buffer(64)
-        ok(cuDeviceGetName(buf, 64, 0)); assert buf.value == b"gpumem simulated H100"
+        ok(cuDeviceGetName(buf, 64, 0)); assert buf.value == b"NVIDIA H100 80GB HBM3"
         small = C.create_string_buffer(8)
-        ok(cuDeviceGetName(small, 7, 0)); assert small.value == b"gpumem"
+        ok(cuDeviceGetName(small, 7, 0)); assert small.value == b"NVIDIA"
         ok(cuDeviceGetName(buf, 0, 0), INVALID_VALUE)
         ok(cuDeviceGetName(buf, 64, 3), INVALID_DEVICE)
         def attr(a, dev=0):

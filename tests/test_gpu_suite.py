@@ -65,7 +65,7 @@ def test_the_gpu_suite_passes_under_gpumem_simulate(tmp_path):
     printed = next(l for l in lines if l.startswith("gpu side by side: "))
     figures = json.loads(printed.split(": ", 1)[1])
     assert figures == json.loads(results.read_text())
-    assert figures["simulated"] is True and figures["device"] == "gpumem simulated H100"
+    assert figures["simulated"] is True and figures["device"] == "NVIDIA H100 80GB HBM3"
     for m in ("empty_del_us", "train_step_ms", "peak_reserved_bytes", "recording_overhead_ms",
               "dump_s", "snapshot_bytes"):
         assert set(figures[m]) == {"torch", "gpumem", "ratio"}, figures[m]

@@ -180,11 +180,14 @@ def test_deep_stacks_are_captured_whole():
     a = _C.Allocator()
     history.record_memory_history()
 
-    def down(n):
-        return a.malloc(999) if n == 0 else down(n - 1)
+    # the allocator is an argument, not a closure variable: a recursive inner
+    # function is a reference cycle, which would keep it (and its segment)
+    # alive for later tests until the collector runs
+    def down(n, alloc):
+        return alloc.malloc(999) if n == 0 else down(n - 1, alloc)
 
-    down(0)
-    down(400)  # deeper than the inline capture buffer
+    down(0, a)
+    down(400, a)  # deeper than the inline capture buffer
     allocs = [e["frames"] for e in trace(history.snapshot()) if e["action"] == "alloc"]
     assert len(allocs) == 2 and len(allocs[1]) == len(allocs[0]) + 400
     assert [f["name"] for f in allocs[1][:402]] == ["down"] * 401 + [

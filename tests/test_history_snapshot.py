@@ -7,6 +7,7 @@ PyTorch's own _memory_viz tools when torch is installed.
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import pickle
 import pickletools
@@ -287,6 +288,7 @@ def test_several_devices_get_one_trace_list_each():
 
 
 def test_newest_allocator_on_a_device_is_the_recorded_one():
+    gc.collect()  # allocators earlier tests left in reference cycles are live until then
     history.record_memory_history()
     a1 = _C.Allocator(record_trace=True)
     a1.malloc(1000)

@@ -62,7 +62,7 @@ def test_tensors_streams_events_and_copies():
         emit(o)
     '''))
     assert out["available"] is True and out["count"] == 1
-    assert out["props"] == ["gpumem simulated H100", 80 << 30, 9, 0, 132]
+    assert out["props"] == ["NVIDIA H100 80GB HBM3", 80 << 30, 9, 0, 132]
     assert out["devices"] == ["cuda:0", "cuda:0"]
     assert out["roundtrip"] and out["int64"] and out["clone_d2d"] and out["pinned"]
     assert out["streams"] == [True, True, -1]

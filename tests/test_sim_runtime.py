@@ -119,7 +119,7 @@ def test_devices_errors_memory_and_copies(tmp_path):
     assert out["count"] == 2
     assert out["bad_device"] == [101, 101, 0]
     assert out["cc"] == [9, 0]
-    assert out["name"] == "gpumem simulated H100" and out["total"] == 1 << 30
+    assert out["name"] == "NVIDIA H100 80GB HBM3" and out["total"] == 1 << 30
     assert out["bus"] == "00000000:19:00.0"
     assert out["threads"] == [0, 101, 1, 0]  # the worker's error stayed in the worker
     assert out["mem"] == [0, 1 << 30, 1 << 20]
@@ -350,7 +350,7 @@ def test_nvml_describes_the_simulated_devices():
     '''), devices=2, memory="1GiB")
     assert out["before_init"] == 1  # NVML_ERROR_UNINITIALIZED
     assert out["init"] == [0, 0] and out["count"] == 2
-    assert out["name"] == "gpumem simulated H100"
+    assert out["name"] == "NVIDIA H100 80GB HBM3"
     assert out["uuid"] == "GPU-67706d65-6d2d-4641-8b45-435544410001"
     assert out["by_uuid"] == [0, True]
     assert out["by_pci"] == [0, True, 6]

@@ -200,6 +200,14 @@ typedef struct {
 #define FC_PRIO_LEAST 0
 #define FC_PRIO_GREATEST (-5)
 
+/* The GPU model the device reports (fakecuda_gpu.c). */
+typedef struct {
+    char name[96];
+    int sm_count, cc_major, cc_minor, threads_per_sm, blocks_per_sm;
+    int smem_per_sm, smem_per_block_optin, l2_bytes, regs_per_sm;
+    int clock_khz, mem_clock_khz, bus_bits;
+} fc_gpu_t;
+
 enum { FC_EV_IMMEDIATE, FC_EV_NEVER, FC_EV_AFTER };
 
 typedef struct {
@@ -227,6 +235,7 @@ typedef struct {
     int ndev;
     size_t memory;              /* capacity per device */
     size_t context_memory;      /* what an active primary context holds (default 0) */
+    fc_gpu_t gpu;               /* the model every device reports */
     size_t granularity;         /* 0: no VMM */
     size_t fail_above;          /* 0: off */
     char *report_path;          /* malloc'ed or NULL */
@@ -296,6 +305,10 @@ void fc_note_usage_unlocked(int dev);
 uint64_t fc_new_id_unlocked(void);
 /* "80GiB", "512MiB", "2GB", "4096" -> bytes; 0 ok, -1 malformed. */
 int fc_parse_size(const char *s, size_t *out);
+/* fakecuda_gpu.c: the default model (H100 SXM5 80GB), and a GPUMEM_SIM_GPU
+ * spec applied over it (0, or -1 with err set). */
+void fc_gpu_default(fc_gpu_t *g);
+int fc_gpu_parse(const char *spec, fc_gpu_t *g, char *err, size_t errlen);
 int fc_parse_fail_spec(const char *spec, fc_fail_rule_t *rules, int *nrules, char *err,
                        size_t errlen);
 void fc_set_fail_unlocked(const fc_fail_rule_t *rules, int nrules, const char *spec);
