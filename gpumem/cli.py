@@ -351,6 +351,22 @@ def _diff_rows(rows: list[dict], lines: list[str]) -> None:
                      f"{after:>19}  {_short_site(r['site'])}")
 
 
+def _stack_to_site(stack: list[str], site: str, kind: str | None, head: int = 8) -> list[str]:
+    """The stack lines to print, innermost first, ending at the site's frame
+    for a site in the user's code, so that line is the last one printed and
+    never cut off: the first ``head`` lines when it is among them, else the
+    first 3, a count of the frames left out, and the site's frame.  A site
+    in library code only gets the first ``head`` lines."""
+    if kind != "user":
+        return stack[:head]
+    frame = site.split(" (via ", 1)[0]
+    at = next((i for i, line in enumerate(stack) if line == frame), None)
+    if at is not None and at < head:
+        return stack[:at + 1]
+    skipped = f"{at - 3} library frames" if at is not None else "more frames"
+    return stack[:3] + [f"... {skipped} ..."] + [frame]
+
+
 def _run_diff(args: argparse.Namespace) -> int:
     from .analysis import diff
 
@@ -374,8 +390,9 @@ def _run_diff(args: argparse.Namespace) -> int:
                      f"largest growth first):")
         _diff_rows(report["grew"], lines)
         top = report["grew"][0]
-        lines.append("most growth is allocated at:")
-        lines.extend(f"    {_short_site(f)}" for f in top["stack"][:8])
+        lines.append("most growth is allocated at (innermost first):")
+        lines.extend(f"    {_short_site(f)}"
+                     for f in _stack_to_site(top["stack"], top["site"], top.get("kind")))
     else:
         lines.append("nothing grew")
     if report["shrank"]:

@@ -446,3 +446,21 @@ def test_a_package_beside_this_interpreters_stdlib_is_not_the_stdlib():
               {"filename": "/home/u/proj/train.py", "line": 12, "name": "step"}]
     assert st.site_of_stack(st.intern(frames))["label"] == (
         f"/home/u/proj/train.py:12:step (via {einops}:3:rearrange)")
+
+
+def test_diff_stack_ends_at_the_users_line():
+    """The stack under 'most growth is allocated at' was the innermost 8
+    frames: with torch's module calls in between, all 8 were torch's and the
+    user's line, named in the table above it, was cut off."""
+    from gpumem.cli import _stack_to_site
+    lib = [f"/site-packages/torch/m{i}.py:{i}:f{i}" for i in range(10)]
+    user = "train.py:52:main"
+    deep = lib + [user, "train.py:80:<module>"]
+    assert _stack_to_site(deep, user, "user") == lib[:3] + ["... 7 library frames ...", user]
+    shallow = lib[:2] + [user, "train.py:80:<module>"]
+    assert _stack_to_site(shallow, user, "user") == lib[:2] + [user]
+    via = f"{user} (via /site-packages/accelerate/x.py:3:g)"
+    assert _stack_to_site(deep, via, "user")[-1] == user
+    # beyond the lines the report keeps: the site's frame still closes the list
+    assert _stack_to_site(lib, user, "user") == lib[:3] + ["... more frames ...", user]
+    assert _stack_to_site(lib, lib[0] + " (library code only)", "library") == lib[:8]
