@@ -60,8 +60,9 @@ HELP = ("run a script on a simulated GPU with gpumem recording: peak memory, whe
         "a snapshot and its viewer page")
 LIMITS = ("limits of the simulation: kernels compute nothing, so there are no numerical results "
           "(losses, accuracies and printed values are meaningless); shapes that depend on data "
-          "(nonzero, boolean masks, unique, control flow on tensor values) are unreliable; no "
-          "cuDNN (convolutions and batch norm need torch.backends.cudnn.enabled = False); memory "
+          "(nonzero, boolean masks, unique, control flow on tensor values) are unreliable; cuDNN's "
+          "workspaces are the simulator's own deterministic choices (NVIDIA publishes none) and "
+          "cuDNN RNNs, CTC loss and grid sampling are not simulated; memory "
           "outside torch's allocator (the CUDA context, NCCL, cudaMalloc by extensions) is not "
           "counted; peaks are gpumem's allocator's, which rounds and caches like torch's")
 

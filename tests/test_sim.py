@@ -1,7 +1,7 @@
 """PyTorch's official CUDA build on the simulated GPU (csrc/sim, gpumem.sim).
 
 Each test runs a snippet in a subprocess under the simulator
-(gpumem.sim.run_snippet: the fake libcuda/libcudart/libcublas[Lt] are
+(gpumem.sim.run_snippet: the fake libcuda/libcudart/libcublas[Lt]/libcudnn are
 LD_PRELOADed) and checks the JSON it prints. Skipped, with the reason, when
 torch (CUDA 13 build) is not importable or there is no C compiler.
 """

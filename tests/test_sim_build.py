@@ -44,6 +44,7 @@ EXTRA_EXPORTS = {
     "libcudart.so.13": {"gpumem_sim_cudart_report_json"},
     "libcublasLt.so.13": {"gpumem_sim_cublaslt_report_json"},
     "libcublas.so.13": {"gpumem_sim_cublas_report_json", "gpumem_sim_cublas_is_handle"},
+    "libcudnn.so.9": {"gpumem_sim_cudnn_report_json"},
 }
 
 
@@ -61,7 +62,7 @@ def _wheel_dir():
 def test_build_sim_libs_builds_all_and_caches(tmp_path):
     libs = simbuild.build_sim_libs(tmp_path / "sim")
     assert list(libs) == ["libcuda.so.1", "libnvidia-ml.so.1", "libcudart.so.13", "libcublasLt.so.13",
-                          "libcublas.so.13"]
+                          "libcublas.so.13", "libcudnn.so.9"]
     assert list(libs) == simbuild.sim_sonames(MAJOR)
     from gpumem import sim
     assert sim.sonames(MAJOR) == list(libs)  # the launcher's preload order
@@ -84,7 +85,7 @@ def test_build_sim_libs_builds_all_and_caches(tmp_path):
 
 
 @pytest.mark.parametrize("soname", ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13",
-                                    "libnvidia-ml.so.1"])
+                                    "libnvidia-ml.so.1", "libcudnn.so.9"])
 def test_exports_every_name_of_the_real_library_in_its_version_node(soname):
     lib = sim_lib_dir() / soname
     base = soname.split(".so")[0]
@@ -110,7 +111,8 @@ def test_exports_every_name_of_the_real_library_in_its_version_node(soname):
     # Every function the sources define with an API name is exported: a
     # misspelt name would silently stay a stub.
     prefix = {"libcudart.so.13": ("cuda", "__cuda"), "libcublasLt.so.13": ("cublasLt",),
-              "libcublas.so.13": ("cublas",), "libnvidia-ml.so.1": ("nvml",)}[soname]
+              "libcublas.so.13": ("cublas",), "libnvidia-ml.so.1": ("nvml",),
+              "libcudnn.so.9": ("cudnn",)}[soname]
     hidden = {p[-1] for p in _nm(lib) if len(p) == 3 and p[1] in "tT" and p[2].startswith(prefix)
               and not p[2].endswith("_impl") and "." not in p[2]}
     assert hidden - set(defined) == set()
@@ -139,7 +141,7 @@ def test_noop_policy_only_for_handle_taking_cublas_routines():
     noop = {n for n, p in rows if p == "noop"}
     assert {"cublasSgemm_v2", "cublasGemmEx", "cublasGemmStridedBatchedEx"} <= noop
     assert not noop & {"cublasCreate_v2", "cublasXtCreate", "cublasInit", "cublasGetStatusString"}
-    for base in ("libcudart", "libcublasLt", "libnvidia-ml"):
+    for base in ("libcudart", "libcublasLt", "libnvidia-ml", "libcudnn"):
         assert {p for _, p in simbuild.read_syms(simbuild.syms_path(base, MAJOR))} == {""}
 
 

@@ -50,7 +50,7 @@ def test_uncaught_oom_does_not_fit_and_leaves_its_snapshot(tmp_path):
     assert f"gpumem: memory snapshot at this OOM written to {out}" in proc.stderr
     assert "fits in 2 GiB: no (1 allocation(s) failed with out of memory)" in proc.stdout
     assert "device 0: allocated 1.00 GiB, reserved 1.00 GiB, 1 OOM(s)" in proc.stdout
-    assert "no numerical results" in proc.stdout and "no cuDNN" in proc.stdout
+    assert "no numerical results" in proc.stdout and "cuDNN RNNs" in proc.stdout
     report = json.loads((out / "summary.json").read_text())
     assert report["exit_status"] == 1 and report["fits"] is False
     assert report["snapshots"] == [str(out / "snapshot.pickle")]

@@ -14,6 +14,7 @@ Libraries (csrc/sim/README.md explains each):
                        fake driver with RUNPATH $ORIGIN
     libcublasLt.so.N   fake cuBLASLt (csrc/sim/cublas)
     libcublas.so.N     fake cuBLAS (csrc/sim/cublas)
+    libcudnn.so.9      fake cuDNN 9 (csrc/sim/cudnn), its list in cudaN/ too
 
 N is the CUDA major version; everything version-specific comes from
 csrc/sim/cudaN/ (export lists <soname>.syms and sim_abi.h). For every
@@ -82,6 +83,13 @@ LIBS = {
                       sources=("blas.c", "blas_common.c"),
                       exports=("gpumem_sim_cublas_report_json", "gpumem_sim_cublas_is_handle"),
                       unsupported=15, version=True, driver=False),
+    "libcudnn": dict(soname="libcudnn.so.9", src="cudnn",
+                     sources=("cudnn_handle.c", "cudnn_legacy_desc.c", "cudnn_legacy_conv.c",
+                              "cudnn_conv_shape.c", "cudnn_bn.c", "cudnn_backend_desc.c",
+                              "cudnn_backend_finalize.c", "cudnn_backend_graph.c",
+                              "cudnn_backend_engine.c"),
+                     exports=("gpumem_sim_cudnn_report_json",), unsupported=3000, version=True,
+                     driver=False),
 }
 COMMON_SOURCES = ("common/simcommon.c", "common/simjson.c")
 # The driver shares only the JSON builder with them.

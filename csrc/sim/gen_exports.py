@@ -3,7 +3,7 @@
     python csrc/sim/gen_exports.py [--major 13] [--lib-dir DIR] [--include-dir DIR] [--out DIR]
 
 For every library the simulator fakes (libcudart, libcublas, libcublasLt of
-one CUDA major version) this reads the real library's dynamic symbol table
+one CUDA major version, and cuDNN 9's libcudnn.so.9 built for it) this reads the real library's dynamic symbol table
 with ``nm -D --defined-only`` and writes ``csrc/sim/cudaNN/<soname>.syms``:
 one exported name per line, sorted, optionally followed by the policy the
 fake's generated stub follows when the name is not implemented in C:
@@ -41,6 +41,12 @@ LIBRARIES = {
     "libcublas": "nvidia-cublas",
     "libcublasLt": "nvidia-cublas",
 }
+# Libraries versioned apart from CUDA: base name -> (SONAME, pip distribution
+# for CUDA major {major}, directory under site-packages/nvidia). Their lists
+# also go to cudaNN/, since the wheel is built for that CUDA major version.
+SEPARATE = {
+    "libcudnn": ("libcudnn.so.9", "nvidia-cudnn-cu{major}", "cudnn"),
+}
 
 
 def nvidia_dir(major: int) -> Optional[Path]:
@@ -53,7 +59,18 @@ def nvidia_dir(major: int) -> Optional[Path]:
 
 
 def soname(base: str, major: int) -> str:
+    if base in SEPARATE:
+        return SEPARATE[base][0]
     return f"{base}.so.{major}"
+
+
+def separate_dir(base: str) -> Optional[Path]:
+    """site-packages/nvidia/<dir> of a library versioned apart from CUDA."""
+    for entry in sys.path:
+        cand = Path(entry) / "nvidia" / SEPARATE[base][2]
+        if (cand / "lib").is_dir():
+            return cand
+    return None
 
 
 def read_exports(lib: Path, version_node: str) -> List[str]:
@@ -106,12 +123,27 @@ def render(so: str, names: List[str], policies: Dict[str, str], source: Path, di
     return "\n".join(lines) + "\n"
 
 
-def generate(major: int, lib_dir: Path, include_dir: Optional[Path]) -> Dict[str, str]:
-    """{soname: file text} for every faked library."""
+def generate(major: int, lib_dir: Path, include_dir: Optional[Path],
+             separate_lib_dirs: Optional[Dict[str, Path]] = None) -> Dict[str, str]:
+    """{soname: file text} for every faked library.
+
+    separate_lib_dirs: {base: directory} for the SEPARATE libraries (default:
+    their pip wheels); one that is not found is left out with a warning."""
     out = {}
-    for base, dist in LIBRARIES.items():
+    todo = [(base, dist, lib_dir) for base, dist in LIBRARIES.items()]
+    for base, (_, dist, _) in SEPARATE.items():
+        where = (separate_lib_dirs or {}).get(base)
+        if where is None:
+            found = separate_dir(base)
+            where = found / "lib" if found else None
+        if where is None:
+            print(f"warning: no {soname(base, major)} found; its list is left as it is",
+                  file=sys.stderr)
+            continue
+        todo.append((base, dist.format(major=major), where))
+    for base, dist, where in todo:
         so = soname(base, major)
-        lib = lib_dir / so
+        lib = where / so
         if not lib.is_file():
             raise SystemExit(f"{lib} not found (use --lib-dir)")
         names = read_exports(lib, so)
@@ -146,6 +178,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--major", type=int, default=13)
     ap.add_argument("--lib-dir", type=Path, help="directory with the real libraries")
     ap.add_argument("--include-dir", type=Path, help="directory with cublas_api.h")
+    ap.add_argument("--cudnn-lib-dir", type=Path, help="directory with libcudnn.so.9")
     ap.add_argument("--out", type=Path, help="output directory (default csrc/sim/cudaNN)")
     args = ap.parse_args(argv)
     base = nvidia_dir(args.major)
@@ -156,7 +189,8 @@ def main(argv: Optional[list] = None) -> int:
         return 1
     out_dir = args.out or HERE / f"cuda{args.major}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    for so, text in generate(args.major, lib_dir, inc).items():
+    separate = {"libcudnn": args.cudnn_lib_dir} if args.cudnn_lib_dir else None
+    for so, text in generate(args.major, lib_dir, inc, separate).items():
         (out_dir / f"{so}.syms").write_text(text)
         print(out_dir / f"{so}.syms")
     return 0
