@@ -1,7 +1,8 @@
 """The example scripts of the articles users learn memory debugging from
 (../shared/seeds), run unchanged except for `gpumem.install()` at the top,
-on the simulated GPU. (The ResNet-50 script of seed 000 needs cuDNN, which
-the simulator does not fake; its recording calls are the ones seed 001 uses.)"""
+on the simulated GPU. (The ResNet-50 script of seed 000 runs in
+tests/test_sim_cudnn.py, which covers the simulator's cuDNN; its recording
+calls are the ones seed 001 uses.)"""
 
 from __future__ import annotations
 

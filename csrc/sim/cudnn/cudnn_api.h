@@ -89,33 +89,20 @@ typedef enum { CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 = 0, CUDNN_CONVOLUTION_BWD_FI
 /* libraryPropertyType (library_types.h) */
 typedef enum libraryPropertyType_t { MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL } libraryPropertyType;
 
-typedef struct {
-    cudnnConvolutionFwdAlgo_t algo;
-    cudnnStatus_t status;
-    float time;
-    size_t memory;
-    cudnnDeterminism_t determinism;
-    cudnnMathType_t mathType;
-    int reserved[3];
-} cudnnConvolutionFwdAlgoPerf_t;
-typedef struct {
-    cudnnConvolutionBwdDataAlgo_t algo;
-    cudnnStatus_t status;
-    float time;
-    size_t memory;
-    cudnnDeterminism_t determinism;
-    cudnnMathType_t mathType;
-    int reserved[3];
-} cudnnConvolutionBwdDataAlgoPerf_t;
-typedef struct {
-    cudnnConvolutionBwdFilterAlgo_t algo;
-    cudnnStatus_t status;
-    float time;
-    size_t memory;
-    cudnnDeterminism_t determinism;
-    cudnnMathType_t mathType;
-    int reserved[3];
-} cudnnConvolutionBwdFilterAlgoPerf_t;
+/* The three algorithm-performance structs share one layout. */
+#define SIM_CUDNN_PERF_STRUCT(algo_t)                                                   \
+    struct {                                                                            \
+        algo_t algo;                                                                    \
+        cudnnStatus_t status;                                                           \
+        float time;                                                                     \
+        size_t memory;                                                                  \
+        cudnnDeterminism_t determinism;                                                 \
+        cudnnMathType_t mathType;                                                       \
+        int reserved[3];                                                                \
+    }
+typedef SIM_CUDNN_PERF_STRUCT(cudnnConvolutionFwdAlgo_t) cudnnConvolutionFwdAlgoPerf_t;
+typedef SIM_CUDNN_PERF_STRUCT(cudnnConvolutionBwdDataAlgo_t) cudnnConvolutionBwdDataAlgoPerf_t;
+typedef SIM_CUDNN_PERF_STRUCT(cudnnConvolutionBwdFilterAlgo_t) cudnnConvolutionBwdFilterAlgoPerf_t;
 
 /* ---- the backend (graph) API ---- */
 typedef enum {
@@ -271,6 +258,9 @@ cudnnStatus_t cudnnBackendGetAttribute(
     cudnnBackendDescriptor_t const descriptor, cudnnBackendAttributeName_t attributeName,
     cudnnBackendAttributeType_t attributeType, int64_t requestedElementCount, int64_t
     *elementCount, void *arrayOfElements);
+cudnnStatus_t cudnnGetExecutionPlanWorkspaceSize(
+    cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan, cudnnBackendDescriptor_t
+    variantPack, size_t *workspaceSizeInBytes);
 cudnnStatus_t cudnnBackendExecute(
     cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan, cudnnBackendDescriptor_t
     variantPack);

@@ -11,9 +11,14 @@
  * then answers stored values, or derived ones (cudnn_backend_engine.c).
  * Finalize applies the per-type rules of cudnn_backend_finalize.c.
  *
- * Must not: keep pointers to other descriptors past finalization (see
- * cudnn_internal.h). A descriptor is not locked: as with NVIDIA's library,
- * one descriptor must not be changed from two threads at once.
+ * Descriptor-valued attributes hold private copies (clones) of the
+ * descriptors given, made when the attribute is set, as cuDNN copies them:
+ * PyTorch's frontend destroys some descriptors right after setting them.
+ * A descriptor owns its clones and destroys them with itself.
+ *
+ * Must not: keep pointers to descriptors it does not own. A descriptor is
+ * not locked: as with NVIDIA's library, one descriptor must not be changed
+ * from two threads at once.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +57,14 @@ static const struct {
     {CUDNN_ATTR_ENGINEHEUR_SM_COUNT_TARGET, T(INT32), 1, 1},
     {CUDNN_ATTR_ENGINECFG_ENGINE, T(BACKEND_DESCRIPTOR), 1, 1},
     {CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, T(BACKEND_DESCRIPTOR), 0, 1 << 20},
+    {CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, T(INT64), 1, 1},
+    {CUDNN_ATTR_ENGINECFG_SHARED_MEMORY_USED, T(INT32), 1, 1},
+    {CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, T(INT64), 1, 1},
+    {CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, T(CHAR), 0, 1 << 20},
+    {CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, T(INT64), 1, 1},
+    {CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, T(NUMERICAL_NOTE), 0, CUDNN_NUMERICAL_NOTE_TYPE_COUNT},
+    {CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, T(BEHAVIOR_NOTE), 0, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT},
+    {CUDNN_ATTR_ENGINEHEUR_RESULTS, T(BACKEND_DESCRIPTOR), 0, 1 << 20},
     {CUDNN_ATTR_EXECUTION_PLAN_HANDLE, T(HANDLE), 1, 1},
     {CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, T(BACKEND_DESCRIPTOR), 1, 1},
     {CUDNN_ATTR_EXECUTION_PLAN_RUN_ONLY_INTERMEDIATE_UIDS, T(INT64), 0, 1 << 20},
@@ -148,21 +161,52 @@ const sim_attr_t *sim_battr_find(const sim_bdesc_t *d, int name)
     return NULL;
 }
 
+static void destroy(sim_bdesc_t *d);
+static sim_bdesc_t *clone(const sim_bdesc_t *src);
+
+/* Frees an attribute's value and the clones it owns. */
+static void drop(sim_attr_t *a)
+{
+    if (a->type == CUDNN_TYPE_BACKEND_DESCRIPTOR && a->data)
+        for (int64_t i = 0; i < a->count; i++) {
+            sim_bdesc_t *c;
+            memcpy(&c, a->data + 8 * i, 8);
+            if (c)
+                destroy(c);
+        }
+    free(a->data);
+    a->data = NULL;
+}
+
 cudnnStatus_t sim_battr_store(sim_bdesc_t *d, int name, int type, int64_t count, const void *data)
 {
     size_t bytes = (size_t)count * sim_battr_elem_size(type);
-    unsigned char *copy = malloc(bytes ? bytes : 1);
+    unsigned char *copy = calloc(1, bytes ? bytes : 1);
     if (!copy)
         return sim_dnn_fail(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED, "out of host memory");
-    if (bytes)
+    sim_attr_t tmp = {name, type, count, copy};
+    if (type == CUDNN_TYPE_BACKEND_DESCRIPTOR) {
+        for (int64_t i = 0; i < count; i++) {
+            void *p;
+            memcpy(&p, (const unsigned char *)data + 8 * i, 8);
+            sim_bdesc_t *c = p ? clone(p) : NULL;
+            if (p && !c) {
+                drop(&tmp);
+                return sim_dnn_fail(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED,
+                                    "out of host memory");
+            }
+            memcpy(copy + 8 * i, &c, 8);
+        }
+    } else if (bytes) {
         memcpy(copy, data, bytes);
+    }
     sim_attr_t *a = (sim_attr_t *)sim_battr_find(d, name);
     if (!a) {
         if (d->nattrs == d->cap) {
             int ncap = d->cap ? d->cap * 2 : 8;
             sim_attr_t *na = realloc(d->attrs, (size_t)ncap * sizeof *na);
             if (!na) {
-                free(copy);
+                drop(&tmp);
                 return sim_dnn_fail(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED,
                                     "out of host memory");
             }
@@ -172,11 +216,8 @@ cudnnStatus_t sim_battr_store(sim_bdesc_t *d, int name, int type, int64_t count,
         a = &d->attrs[d->nattrs++];
         a->data = NULL;
     }
-    free(a->data);
-    a->name = name;
-    a->type = type;
-    a->count = count;
-    a->data = copy;
+    drop(a);
+    *a = tmp;
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -220,6 +261,47 @@ void sim_problem_unref(sim_problem_t *p)
         free(p);
 }
 
+static sim_bdesc_t *new_desc(int type)
+{
+    sim_bdesc_t *d = calloc(1, sizeof *d);
+    if (!d || sim_dnn_register(d, SIM_DNN_BACKEND) != 0) {
+        free(d);
+        return NULL;
+    }
+    d->type = type;
+    d->engine = -1;
+    return d;
+}
+
+static void destroy(sim_bdesc_t *d)
+{
+    sim_dnn_unregister(d);
+    for (int i = 0; i < d->nattrs; i++)
+        drop(&d->attrs[i]);
+    free(d->attrs);
+    sim_problem_unref(d->prob);
+    free(d);
+}
+
+static sim_bdesc_t *clone(const sim_bdesc_t *src)
+{
+    sim_bdesc_t *d = new_desc(src->type);
+    if (!d)
+        return NULL;
+    for (int i = 0; i < src->nattrs; i++)
+        if (sim_battr_store(d, src->attrs[i].name, src->attrs[i].type, src->attrs[i].count,
+                            src->attrs[i].data) != CUDNN_STATUS_SUCCESS) {
+            destroy(d);
+            return NULL;
+        }
+    d->finalized = src->finalized;
+    d->prob = sim_problem_ref(src->prob);
+    d->engine = src->engine;
+    d->ws = src->ws;
+    d->virt = src->virt;
+    return d;
+}
+
 SIM_API cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t descriptorType,
                                                    cudnnBackendDescriptor_t *descriptor)
 {
@@ -231,14 +313,10 @@ SIM_API cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t 
         return sim_dnn_fail(CUDNN_STATUS_NOT_SUPPORTED,
                             "cudnnBackendCreateDescriptor: unknown descriptor type %d",
                             (int)descriptorType);
-    sim_bdesc_t *d = calloc(1, sizeof *d);
-    if (!d || sim_dnn_register(d, SIM_DNN_BACKEND) != 0) {
-        free(d);
+    sim_bdesc_t *d = new_desc(descriptorType);
+    if (!d)
         return sim_dnn_fail(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED,
                             "cudnnBackendCreateDescriptor: out of host memory");
-    }
-    d->type = descriptorType;
-    d->engine = -1;
     *descriptor = d;
     return CUDNN_STATUS_SUCCESS;
 }
@@ -250,12 +328,7 @@ SIM_API cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t des
     if (!d)
         return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM,
                             "cudnnBackendDestroyDescriptor: %p is not a live descriptor", descriptor);
-    sim_dnn_unregister(d);
-    for (int i = 0; i < d->nattrs; i++)
-        free(d->attrs[i].data);
-    free(d->attrs);
-    sim_problem_unref(d->prob);
-    free(d);
+    destroy(d);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -347,8 +420,7 @@ SIM_API cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const de
                             (int)attributeName, a->type, (int)attributeType);
     int64_t n = a->count < requestedElementCount ? a->count : requestedElementCount;
     if (attributeType == CUDNN_TYPE_BACKEND_DESCRIPTOR) {
-        /* Stored descriptors are copied into the caller's: only finalized
-         * tensors are handed back this way (cudnn_backend_finalize.c). */
+        /* Stored descriptors are copied into the caller's. */
         for (int64_t i = 0; i < n; i++) {
             void *dst;
             memcpy(&dst, (unsigned char *)arrayOfElements + 8 * i, 8);
@@ -362,6 +434,10 @@ SIM_API cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const de
                                      src->attrs[k].count, src->attrs[k].data);
             if (st != CUDNN_STATUS_SUCCESS)
                 return st;
+            sim_problem_unref(out->prob);
+            out->prob = sim_problem_ref(src->prob);
+            out->engine = src->engine;
+            out->ws = src->ws;
             out->virt = src->virt;
             out->finalized = 1;
         }

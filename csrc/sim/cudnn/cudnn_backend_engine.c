@@ -19,6 +19,11 @@
 
 #include "cudnn_internal.h"
 
+/* Shared memory every simulated engine reports using: 48 KiB, the default
+ * per-block limit of every GPU the simulator models, so no engine is
+ * filtered out for asking too much. */
+#define SIM_ENGINE_SHARED_MEMORY 49152
+
 static cudnnStatus_t need_prob(sim_bdesc_t *d, sim_bdesc_t *src, int src_type, const char *what)
 {
     if (!src || src->type != src_type || !src->finalized || !src->prob)
@@ -179,6 +184,10 @@ int sim_engine_get(sim_bdesc_t *d, int name, int type, int64_t requested, int64_
         return 1;
     case CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG:
         *st = fill_list(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, p, &engine, 1, requested, count, array);
+        return 1;
+    case CUDNN_ATTR_ENGINECFG_SHARED_MEMORY_USED:
+        v[0] = SIM_ENGINE_SHARED_MEMORY;
+        *st = put_ints(type, v, 1, requested, count, array);
         return 1;
     case CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE: case CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE:
         v[0] = p->ws[engine];

@@ -87,11 +87,11 @@ cudnnStatus_t sim_graph_finalize(sim_bdesc_t *d)
     for (int i = 0; i < nops; i++) {
         op[i] = sim_battr_desc(d, CUDNN_ATTR_OPERATIONGRAPH_OPS, i);
         if (!op[i] || !is_operation(op[i]->type) || !op[i]->finalized || !op[i]->prob) {
+            cudnnStatus_t code = op[i] && !op[i]->finalized ? CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED
+                                                            : CUDNN_STATUS_BAD_PARAM;
             free(op);
-            return sim_dnn_fail(op[i] && !op[i]->finalized ? CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED
-                                                           : CUDNN_STATUS_BAD_PARAM,
-                                "operation graph: element %d of OPS is not a finalized operation",
-                                i);
+            return sim_dnn_fail(code, "operation graph: element %d of OPS is not a finalized "
+                                "operation", i);
         }
         total += op[i]->prob->nuids;
     }

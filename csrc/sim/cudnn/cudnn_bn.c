@@ -41,7 +41,9 @@ static cudnnStatus_t check_bn(const char *fn, cudnnBatchNormMode_t mode,
         if (y->nd != x->nd || y->dims[i] != x->dims[i])
             return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH, "%s: y differs from x", fn);
     for (int i = 0; param && i < x->nd; i++) {
-        int want = i == 0 ? 1 : i == 1 ? x->dims[1] : mode == CUDNN_BATCHNORM_PER_ACTIVATION ? x->dims[i] : 1;
+        int want = i == 0   ? 1
+                   : i == 1 ? x->dims[1]
+                   : mode == CUDNN_BATCHNORM_PER_ACTIVATION ? x->dims[i] : 1;
         if (param->nd != x->nd || param->dims[i] != want)
             return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH,
                                 "%s: parameter dimension %d is %d, expected %d", fn, i,
@@ -65,6 +67,30 @@ static size_t bn_reserve(cudnnBatchNormOps_t ops, cudnnTensorDescriptor_t x)
     return (size_t)((n + 31) / 32 * 4);
 }
 
+/* Hands a size back once the arguments were found good. */
+static cudnnStatus_t give_size(cudnnStatus_t st, const char *fn, size_t *out, size_t value)
+{
+    if (st == CUDNN_STATUS_SUCCESS && !out)
+        st = sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: sizeInBytes is NULL", fn);
+    if (st == CUDNN_STATUS_SUCCESS)
+        *out = value;
+    return st;
+}
+
+/* The workspace and reserve space given to a training call are big enough. */
+static cudnnStatus_t check_spaces(const char *fn, cudnnBatchNormMode_t mode,
+                                  cudnnBatchNormOps_t ops, cudnnTensorDescriptor_t x,
+                                  const void *ws, size_t ws_size, const void *rs, size_t rs_size)
+{
+    size_t need_ws = bn_workspace(mode, x), need_rs = bn_reserve(ops, x);
+    if (ws_size < need_ws || rs_size < need_rs || (need_ws && !ws) || (need_rs && !rs))
+        return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT,
+                            "%s: needs %zu bytes of workspace and %zu of reserve space", fn,
+                            need_ws, need_rs);
+    atomic_fetch_add(&sim_dnn_executions, 1);
+    return CUDNN_STATUS_SUCCESS;
+}
+
 SIM_API cudnnStatus_t cudnnDeriveBNTensorDescriptor(cudnnTensorDescriptor_t derivedBnDesc,
                                                     const cudnnTensorDescriptor_t xDesc,
                                                     cudnnBatchNormMode_t mode)
@@ -84,7 +110,11 @@ SIM_API cudnnStatus_t cudnnDeriveBNTensorDescriptor(cudnnTensorDescriptor_t deri
     return cudnnSetTensorNdDescriptor(derivedBnDesc, t, xDesc->nd, dims, strides);
 }
 
-SIM_API cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps, const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t zDesc, const cudnnTensorDescriptor_t yDesc, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const cudnnActivationDescriptor_t activationDesc, size_t *sizeInBytes)
+SIM_API cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t zDesc,
+    const cudnnTensorDescriptor_t yDesc, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc,
+    const cudnnActivationDescriptor_t activationDesc, size_t *sizeInBytes)
 {
     SIM_ENTRY("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize");
     static const char fn[] = "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize";
@@ -94,14 +124,16 @@ SIM_API cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(c
     cudnnStatus_t st = sim_dnn_check_handle(handle, fn);
     if (st == CUDNN_STATUS_SUCCESS)
         st = check_bn(fn, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc);
-    if (st == CUDNN_STATUS_SUCCESS && !sizeInBytes)
-        st = sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: sizeInBytes is NULL", fn);
-    if (st == CUDNN_STATUS_SUCCESS)
-        *sizeInBytes = bn_workspace(mode, xDesc);
-    return st;
+    return give_size(st, fn, sizeInBytes,
+                     st == CUDNN_STATUS_SUCCESS ? bn_workspace(mode, xDesc) : 0);
 }
 
-SIM_API cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps, const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t yDesc, const cudnnTensorDescriptor_t dyDesc, const cudnnTensorDescriptor_t dzDesc, const cudnnTensorDescriptor_t dxDesc, const cudnnTensorDescriptor_t dBnScaleBiasDesc, const cudnnActivationDescriptor_t activationDesc, size_t *sizeInBytes)
+SIM_API cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t yDesc,
+    const cudnnTensorDescriptor_t dyDesc, const cudnnTensorDescriptor_t dzDesc,
+    const cudnnTensorDescriptor_t dxDesc, const cudnnTensorDescriptor_t dBnScaleBiasDesc,
+    const cudnnActivationDescriptor_t activationDesc, size_t *sizeInBytes)
 {
     SIM_ENTRY("cudnnGetBatchNormalizationBackwardExWorkspaceSize");
     static const char fn[] = "cudnnGetBatchNormalizationBackwardExWorkspaceSize";
@@ -114,14 +146,14 @@ SIM_API cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(cudnnHan
         st = check_bn(fn, mode, xDesc, dyDesc, dBnScaleBiasDesc);
     if (st == CUDNN_STATUS_SUCCESS)
         st = check_bn(fn, mode, xDesc, dxDesc, NULL);
-    if (st == CUDNN_STATUS_SUCCESS && !sizeInBytes)
-        st = sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: sizeInBytes is NULL", fn);
-    if (st == CUDNN_STATUS_SUCCESS)
-        *sizeInBytes = bn_workspace(mode, xDesc);
-    return st;
+    return give_size(st, fn, sizeInBytes,
+                     st == CUDNN_STATUS_SUCCESS ? bn_workspace(mode, xDesc) : 0);
 }
 
-SIM_API cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps, const cudnnActivationDescriptor_t activationDesc, const cudnnTensorDescriptor_t xDesc, size_t *sizeInBytes)
+SIM_API cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const cudnnActivationDescriptor_t activationDesc, const cudnnTensorDescriptor_t xDesc,
+    size_t *sizeInBytes)
 {
     SIM_ENTRY("cudnnGetBatchNormalizationTrainingExReserveSpaceSize");
     static const char fn[] = "cudnnGetBatchNormalizationTrainingExReserveSpaceSize";
@@ -131,14 +163,19 @@ SIM_API cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cudnn
     if (st == CUDNN_STATUS_SUCCESS && bnOps != CUDNN_BATCHNORM_OPS_BN &&
         !sim_dnn_live(activationDesc, SIM_DNN_ACTIVATION))
         st = sim_dnn_fail(CUDNN_STATUS_BAD_PARAM, "%s: fused ops need an activation descriptor", fn);
-    if (st == CUDNN_STATUS_SUCCESS && !sizeInBytes)
-        st = sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: sizeInBytes is NULL", fn);
-    if (st == CUDNN_STATUS_SUCCESS)
-        *sizeInBytes = bn_reserve(bnOps, xDesc);
-    return st;
+    return give_size(st, fn, sizeInBytes,
+                     st == CUDNN_STATUS_SUCCESS ? bn_reserve(bnOps, xDesc) : 0);
 }
 
-SIM_API cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps, const void *alpha, const void *beta, const cudnnTensorDescriptor_t xDesc, const void *xData, const cudnnTensorDescriptor_t zDesc, const void *zData, const cudnnTensorDescriptor_t yDesc, void *yData, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale, const void *bnBias, double exponentialAverageFactor, void *resultRunningMean, void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance, cudnnActivationDescriptor_t activationDesc, void *workspace, size_t workSpaceSizeInBytes, void *reserveSpace, size_t reserveSpaceSizeInBytes)
+SIM_API cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps, const void *alpha,
+    const void *beta, const cudnnTensorDescriptor_t xDesc, const void *xData,
+    const cudnnTensorDescriptor_t zDesc, const void *zData, const cudnnTensorDescriptor_t yDesc,
+    void *yData, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale,
+    const void *bnBias, double exponentialAverageFactor, void *resultRunningMean,
+    void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance,
+    cudnnActivationDescriptor_t activationDesc, void *workspace, size_t workSpaceSizeInBytes,
+    void *reserveSpace, size_t reserveSpaceSizeInBytes)
 {
     SIM_ENTRY("cudnnBatchNormalizationForwardTrainingEx");
     static const char fn[] = "cudnnBatchNormalizationForwardTrainingEx";
@@ -157,15 +194,21 @@ SIM_API cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(cudnnHandle_t han
     if (epsilon < 1e-5 * 0.999)
         return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM, "%s: epsilon %g is below CUDNN_BN_MIN_EPSILON",
                             fn, epsilon);
-    if (workSpaceSizeInBytes < bn_workspace(mode, xDesc) || reserveSpaceSizeInBytes < bn_reserve(bnOps, xDesc) ||
-        (bn_workspace(mode, xDesc) && !workspace) || (bn_reserve(bnOps, xDesc) && !reserveSpace))
-        return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT,
-                            "%s: workspace or reserve space too small", fn);
-    atomic_fetch_add(&sim_dnn_executions, 1);
-    return CUDNN_STATUS_SUCCESS;
+    return check_spaces(fn, mode, bnOps, xDesc, workspace, workSpaceSizeInBytes, reserveSpace,
+                        reserveSpaceSizeInBytes);
 }
 
-SIM_API cudnnStatus_t cudnnBatchNormalizationBackwardEx(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps, const void *alphaDataDiff, const void *betaDataDiff, const void *alphaParamDiff, const void *betaParamDiff, const cudnnTensorDescriptor_t xDesc, const void *xData, const cudnnTensorDescriptor_t yDesc, const void *yData, const cudnnTensorDescriptor_t dyDesc, const void *dyData, const cudnnTensorDescriptor_t dzDesc, void *dzData, const cudnnTensorDescriptor_t dxDesc, void *dxData, const cudnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScaleData, const void *bnBiasData, void *dBnScaleData, void *dBnBiasData, double epsilon, const void *savedMean, const void *savedInvVariance, cudnnActivationDescriptor_t activationDesc, void *workSpace, size_t workSpaceSizeInBytes, void *reserveSpace, size_t reserveSpaceSizeInBytes)
+SIM_API cudnnStatus_t cudnnBatchNormalizationBackwardEx(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const void *alphaDataDiff, const void *betaDataDiff, const void *alphaParamDiff,
+    const void *betaParamDiff, const cudnnTensorDescriptor_t xDesc, const void *xData,
+    const cudnnTensorDescriptor_t yDesc, const void *yData, const cudnnTensorDescriptor_t dyDesc,
+    const void *dyData, const cudnnTensorDescriptor_t dzDesc, void *dzData,
+    const cudnnTensorDescriptor_t dxDesc, void *dxData,
+    const cudnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScaleData, const void *bnBiasData,
+    void *dBnScaleData, void *dBnBiasData, double epsilon, const void *savedMean,
+    const void *savedInvVariance, cudnnActivationDescriptor_t activationDesc, void *workSpace,
+    size_t workSpaceSizeInBytes, void *reserveSpace, size_t reserveSpaceSizeInBytes)
 {
     SIM_ENTRY("cudnnBatchNormalizationBackwardEx");
     static const char fn[] = "cudnnBatchNormalizationBackwardEx";
@@ -186,15 +229,15 @@ SIM_API cudnnStatus_t cudnnBatchNormalizationBackwardEx(cudnnHandle_t handle, cu
     if (!alphaDataDiff || !betaDataDiff || !alphaParamDiff || !betaParamDiff || !xData || !dyData ||
         !dxData || !bnScaleData || !dBnScaleData || !dBnBiasData || (!savedMean != !savedInvVariance))
         return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL pointer argument", fn);
-    if (workSpaceSizeInBytes < bn_workspace(mode, xDesc) || reserveSpaceSizeInBytes < bn_reserve(bnOps, xDesc) ||
-        (bn_workspace(mode, xDesc) && !workSpace) || (bn_reserve(bnOps, xDesc) && !reserveSpace))
-        return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT,
-                            "%s: workspace or reserve space too small", fn);
-    atomic_fetch_add(&sim_dnn_executions, 1);
-    return CUDNN_STATUS_SUCCESS;
+    return check_spaces(fn, mode, bnOps, xDesc, workSpace, workSpaceSizeInBytes, reserveSpace,
+                        reserveSpaceSizeInBytes);
 }
 
-SIM_API cudnnStatus_t cudnnBatchNormalizationForwardInference(cudnnHandle_t handle, cudnnBatchNormMode_t mode, const void *alpha, const void *beta, const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t yDesc, void *y, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale, const void *bnBias, const void *estimatedMean, const void *estimatedVariance, double epsilon)
+SIM_API cudnnStatus_t cudnnBatchNormalizationForwardInference(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
+    const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t yDesc,
+    void *y, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale,
+    const void *bnBias, const void *estimatedMean, const void *estimatedVariance, double epsilon)
 {
     SIM_ENTRY("cudnnBatchNormalizationForwardInference");
     static const char fn[] = "cudnnBatchNormalizationForwardInference";

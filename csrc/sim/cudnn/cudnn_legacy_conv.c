@@ -135,11 +135,18 @@ static cudnnStatus_t algorithms(const char *fn, cudnnHandle_t handle, int dir, s
     return CUDNN_STATUS_SUCCESS;
 }
 
-/* A search marks the algorithms whose workspace exceeds the caller's. */
-static cudnnStatus_t too_big(cudnnStatus_t st, int n, perf_t *perf, size_t ws)
+/* cudnnFind*AlgorithmEx: the algorithms in heuristic order, as if timed;
+ * those whose workspace exceeds the caller's are marked as failing. */
+static cudnnStatus_t search(const char *fn, cudnnHandle_t handle, int dir, sim_conv_geom_t *g,
+                            cudnnConvolutionDescriptor_t c, const void *a, const void *b,
+                            const void *out, int requested, int *returned, perf_t *perf,
+                            const void *ws, size_t ws_size)
 {
-    for (int i = 0; st == CUDNN_STATUS_SUCCESS && i < n; i++)
-        if (perf[i].memory > ws)
+    if (!a || !b || !out || (ws_size && !ws))
+        return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL data pointer", fn);
+    cudnnStatus_t st = algorithms(fn, handle, dir, g, c, requested, returned, perf);
+    for (int i = 0; st == CUDNN_STATUS_SUCCESS && i < *returned; i++)
+        if (perf[i].memory > ws_size)
             perf[i].status = CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED;
     return st;
 }
@@ -185,7 +192,11 @@ static cudnnStatus_t run(const char *fn, cudnnHandle_t handle, int dir, sim_conv
     if (st != CUDNN_STATUS_SUCCESS)                                         \
         return st
 
-SIM_API cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t srcDesc, const cudnnFilterDescriptor_t filterDesc, const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t destDesc, const int requestedAlgoCount, int *returnedAlgoCount, cudnnConvolutionFwdAlgoPerf_t *perfResults)
+SIM_API cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(
+    cudnnHandle_t handle, const cudnnTensorDescriptor_t srcDesc,
+    const cudnnFilterDescriptor_t filterDesc, const cudnnConvolutionDescriptor_t convDesc,
+    const cudnnTensorDescriptor_t destDesc, const int requestedAlgoCount, int *returnedAlgoCount,
+    cudnnConvolutionFwdAlgoPerf_t *perfResults)
 {
     SIM_ENTRY("cudnnGetConvolutionForwardAlgorithm_v7");
     GEOM("cudnnGetConvolutionForwardAlgorithm_v7", srcDesc, filterDesc, convDesc, destDesc);
@@ -193,7 +204,11 @@ SIM_API cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handl
                       requestedAlgoCount, returnedAlgoCount, perfResults);
 }
 
-SIM_API cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle, const cudnnFilterDescriptor_t filterDesc, const cudnnTensorDescriptor_t diffDesc, const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t gradDesc, const int requestedAlgoCount, int *returnedAlgoCount, cudnnConvolutionBwdDataAlgoPerf_t *perfResults)
+SIM_API cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
+    cudnnHandle_t handle, const cudnnFilterDescriptor_t filterDesc,
+    const cudnnTensorDescriptor_t diffDesc, const cudnnConvolutionDescriptor_t convDesc,
+    const cudnnTensorDescriptor_t gradDesc, const int requestedAlgoCount, int *returnedAlgoCount,
+    cudnnConvolutionBwdDataAlgoPerf_t *perfResults)
 {
     SIM_ENTRY("cudnnGetConvolutionBackwardDataAlgorithm_v7");
     GEOM("cudnnGetConvolutionBackwardDataAlgorithm_v7", gradDesc, filterDesc, convDesc, diffDesc);
@@ -201,7 +216,11 @@ SIM_API cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t 
                       convDesc, requestedAlgoCount, returnedAlgoCount, (perf_t *)perfResults);
 }
 
-SIM_API cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t srcDesc, const cudnnTensorDescriptor_t diffDesc, const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc, const int requestedAlgoCount, int *returnedAlgoCount, cudnnConvolutionBwdFilterAlgoPerf_t *perfResults)
+SIM_API cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+    cudnnHandle_t handle, const cudnnTensorDescriptor_t srcDesc,
+    const cudnnTensorDescriptor_t diffDesc, const cudnnConvolutionDescriptor_t convDesc,
+    const cudnnFilterDescriptor_t gradDesc, const int requestedAlgoCount, int *returnedAlgoCount,
+    cudnnConvolutionBwdFilterAlgoPerf_t *perfResults)
 {
     SIM_ENTRY("cudnnGetConvolutionBackwardFilterAlgorithm_v7");
     GEOM("cudnnGetConvolutionBackwardFilterAlgorithm_v7", srcDesc, gradDesc, convDesc, diffDesc);
@@ -209,43 +228,52 @@ SIM_API cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_
                       &g, convDesc, requestedAlgoCount, returnedAlgoCount, (perf_t *)perfResults);
 }
 
-SIM_API cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t yDesc, void *y, const int requestedAlgoCount, int *returnedAlgoCount, cudnnConvolutionFwdAlgoPerf_t *perfResults, void *workSpace, size_t workSpaceSizeInBytes)
+SIM_API cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
+    cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const void *x,
+    const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnConvolutionDescriptor_t convDesc,
+    const cudnnTensorDescriptor_t yDesc, void *y, const int requestedAlgoCount,
+    int *returnedAlgoCount, cudnnConvolutionFwdAlgoPerf_t *perfResults, void *workSpace,
+    size_t workSpaceSizeInBytes)
 {
     SIM_ENTRY("cudnnFindConvolutionForwardAlgorithmEx");
     static const char fn[] = "cudnnFindConvolutionForwardAlgorithmEx";
     GEOM(fn, xDesc, wDesc, convDesc, yDesc);
-    if (!x || !w || !y || (workSpaceSizeInBytes && !workSpace))
-        return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL data pointer", fn);
-    st = algorithms(fn, handle, SIM_CONV_FWD, &g, convDesc, requestedAlgoCount, returnedAlgoCount,
-                    perfResults);
-    return too_big(st, *returnedAlgoCount, (perf_t *)perfResults, workSpaceSizeInBytes);
+    return search(fn, handle, SIM_CONV_FWD, &g, convDesc, x, w, y, requestedAlgoCount,
+                  returnedAlgoCount, (perf_t *)perfResults, workSpace, workSpaceSizeInBytes);
 }
 
-SIM_API cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnTensorDescriptor_t dyDesc, const void *dy, const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc, void *dx, const int requestedAlgoCount, int *returnedAlgoCount, cudnnConvolutionBwdDataAlgoPerf_t *perfResults, void *workSpace, size_t workSpaceSizeInBytes)
+SIM_API cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
+    cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc, const void *w,
+    const cudnnTensorDescriptor_t dyDesc, const void *dy,
+    const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc, void *dx,
+    const int requestedAlgoCount, int *returnedAlgoCount,
+    cudnnConvolutionBwdDataAlgoPerf_t *perfResults, void *workSpace, size_t workSpaceSizeInBytes)
 {
     SIM_ENTRY("cudnnFindConvolutionBackwardDataAlgorithmEx");
     static const char fn[] = "cudnnFindConvolutionBackwardDataAlgorithmEx";
     GEOM(fn, dxDesc, wDesc, convDesc, dyDesc);
-    if (!w || !dy || !dx || (workSpaceSizeInBytes && !workSpace))
-        return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL data pointer", fn);
-    st = algorithms(fn, handle, SIM_CONV_BWD_DATA, &g, convDesc, requestedAlgoCount,
-                    returnedAlgoCount, (perf_t *)perfResults);
-    return too_big(st, *returnedAlgoCount, (perf_t *)perfResults, workSpaceSizeInBytes);
+    return search(fn, handle, SIM_CONV_BWD_DATA, &g, convDesc, w, dy, dx, requestedAlgoCount,
+                  returnedAlgoCount, (perf_t *)perfResults, workSpace, workSpaceSizeInBytes);
 }
 
-SIM_API cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t dyDesc, const void *y, const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t dwDesc, void *dw, const int requestedAlgoCount, int *returnedAlgoCount, cudnnConvolutionBwdFilterAlgoPerf_t *perfResults, void *workSpace, size_t workSpaceSizeInBytes)
+SIM_API cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
+    cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const void *x,
+    const cudnnTensorDescriptor_t dyDesc, const void *y,
+    const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t dwDesc, void *dw,
+    const int requestedAlgoCount, int *returnedAlgoCount,
+    cudnnConvolutionBwdFilterAlgoPerf_t *perfResults, void *workSpace, size_t workSpaceSizeInBytes)
 {
     SIM_ENTRY("cudnnFindConvolutionBackwardFilterAlgorithmEx");
     static const char fn[] = "cudnnFindConvolutionBackwardFilterAlgorithmEx";
     GEOM(fn, xDesc, dwDesc, convDesc, dyDesc);
-    if (!x || !y || !dw || (workSpaceSizeInBytes && !workSpace))
-        return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL data pointer", fn);
-    st = algorithms(fn, handle, SIM_CONV_BWD_FILTER, &g, convDesc, requestedAlgoCount,
-                    returnedAlgoCount, (perf_t *)perfResults);
-    return too_big(st, *returnedAlgoCount, (perf_t *)perfResults, workSpaceSizeInBytes);
+    return search(fn, handle, SIM_CONV_BWD_FILTER, &g, convDesc, x, y, dw, requestedAlgoCount,
+                  returnedAlgoCount, (perf_t *)perfResults, workSpace, workSpaceSizeInBytes);
 }
 
-SIM_API cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const cudnnFilterDescriptor_t wDesc, const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t yDesc, cudnnConvolutionFwdAlgo_t algo, size_t *sizeInBytes)
+SIM_API cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(
+    cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const cudnnFilterDescriptor_t wDesc,
+    const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t yDesc,
+    cudnnConvolutionFwdAlgo_t algo, size_t *sizeInBytes)
 {
     SIM_ENTRY("cudnnGetConvolutionForwardWorkspaceSize");
     GEOM("cudnnGetConvolutionForwardWorkspaceSize", xDesc, wDesc, convDesc, yDesc);
@@ -253,7 +281,10 @@ SIM_API cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t hand
                      sizeInBytes);
 }
 
-SIM_API cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc, const cudnnTensorDescriptor_t dyDesc, const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc, cudnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes)
+SIM_API cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(
+    cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc, const cudnnTensorDescriptor_t dyDesc,
+    const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc,
+    cudnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes)
 {
     SIM_ENTRY("cudnnGetConvolutionBackwardDataWorkspaceSize");
     GEOM("cudnnGetConvolutionBackwardDataWorkspaceSize", dxDesc, wDesc, convDesc, dyDesc);
@@ -261,7 +292,10 @@ SIM_API cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t
                      algo, sizeInBytes);
 }
 
-SIM_API cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t dyDesc, const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc, cudnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes)
+SIM_API cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
+    cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t dyDesc,
+    const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
+    cudnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes)
 {
     SIM_ENTRY("cudnnGetConvolutionBackwardFilterWorkspaceSize");
     GEOM("cudnnGetConvolutionBackwardFilterWorkspaceSize", xDesc, gradDesc, convDesc, dyDesc);
@@ -269,7 +303,11 @@ SIM_API cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle
                      &g, algo, sizeInBytes);
 }
 
-SIM_API cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha, const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionFwdAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const cudnnTensorDescriptor_t yDesc, void *y)
+SIM_API cudnnStatus_t cudnnConvolutionForward(
+    cudnnHandle_t handle, const void *alpha, const cudnnTensorDescriptor_t xDesc, const void *x,
+    const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnConvolutionDescriptor_t convDesc,
+    cudnnConvolutionFwdAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
+    const cudnnTensorDescriptor_t yDesc, void *y)
 {
     SIM_ENTRY("cudnnConvolutionForward");
     GEOM("cudnnConvolutionForward", xDesc, wDesc, convDesc, yDesc);
@@ -277,7 +315,12 @@ SIM_API cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *
                workSpace, workSpaceSizeInBytes);
 }
 
-SIM_API cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha, const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnTensorDescriptor_t dyDesc, const void *dy, const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionBwdDataAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const cudnnTensorDescriptor_t dxDesc, void *dx)
+SIM_API cudnnStatus_t cudnnConvolutionBackwardData(
+    cudnnHandle_t handle, const void *alpha, const cudnnFilterDescriptor_t wDesc, const void *w,
+    const cudnnTensorDescriptor_t dyDesc, const void *dy,
+    const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionBwdDataAlgo_t algo,
+    void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
+    const cudnnTensorDescriptor_t dxDesc, void *dx)
 {
     SIM_ENTRY("cudnnConvolutionBackwardData");
     GEOM("cudnnConvolutionBackwardData", dxDesc, wDesc, convDesc, dyDesc);
@@ -285,7 +328,12 @@ SIM_API cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const v
                beta, workSpace, workSpaceSizeInBytes);
 }
 
-SIM_API cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha, const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t dyDesc, const void *dy, const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionBwdFilterAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const cudnnFilterDescriptor_t dwDesc, void *dw)
+SIM_API cudnnStatus_t cudnnConvolutionBackwardFilter(
+    cudnnHandle_t handle, const void *alpha, const cudnnTensorDescriptor_t xDesc, const void *x,
+    const cudnnTensorDescriptor_t dyDesc, const void *dy,
+    const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionBwdFilterAlgo_t algo,
+    void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
+    const cudnnFilterDescriptor_t dwDesc, void *dw)
 {
     SIM_ENTRY("cudnnConvolutionBackwardFilter");
     GEOM("cudnnConvolutionBackwardFilter", xDesc, dwDesc, convDesc, dyDesc);
