@@ -50,7 +50,8 @@ L.cudnnBackendGetAttribute.argtypes = [vp, C.c_int, C.c_int, i64, C.POINTER(i64)
 L.cudnnBackendFinalize.argtypes = L.cudnnBackendDestroyDescriptor.argtypes = [vp]
 L.cudnnBackendExecute.argtypes = [vp, vp, vp]
 TENSOR, CONV, OPGRAPH, HEUR, CFG, ENGINE, PLAN, PACK, FWD = 17, 1, 15, 4, 3, 2, 5, 16, 10
-T_HANDLE, T_DTYPE, T_BOOL, T_INT64, T_FLOAT, T_PTR, T_MODE, T_HEUR, T_DESC = 0, 1, 2, 3, 4, 6, 7, 8, 15
+T_HANDLE, T_DTYPE, T_BOOL, T_INT64, T_FLOAT = 0, 1, 2, 3, 4
+T_PTR, T_MODE, T_HEUR, T_DESC = 6, 7, 8, 15
 
 def create(kind):
     d = vp()
@@ -129,13 +130,15 @@ def test_backend_conv_graph_engines_workspaces_and_execute():
         for d in (x, w, y, c):
             assert L.cudnnBackendDestroyDescriptor(d) == 0
         g = create(OPGRAPH)
-        assert setattr_(g, 801, T_DESC, [op.value]) == 0 and setattr_(g, 800, T_HANDLE, [h.value]) == 0
+        assert setattr_(g, 801, T_DESC, [op.value]) == 0
+        assert setattr_(g, 800, T_HANDLE, [h.value]) == 0
         assert L.cudnnBackendFinalize(g) == 0
         assert L.cudnnBackendDestroyDescriptor(op) == 0
         res = {"global_count": get_int(g, 802)}
         for mode in (0, 2):   # INSTANT, FALLBACK
             heur = create(HEUR)
-            assert setattr_(heur, 201, T_DESC, [g.value]) == 0 and setattr_(heur, 200, T_HEUR, [mode]) == 0
+            assert setattr_(heur, 201, T_DESC, [g.value]) == 0
+            assert setattr_(heur, 200, T_HEUR, [mode]) == 0
             assert L.cudnnBackendFinalize(heur) == 0
             n = i64(0)
             assert L.cudnnBackendGetAttribute(heur, 202, T_DESC, 0, C.byref(n), None) == 0
@@ -178,7 +181,8 @@ def test_backend_conv_graph_engines_workspaces_and_execute():
         res["missing_tensor"] = L.cudnnBackendExecute(h, big, pack([1, 2], C.addressof(buf)))
         res["missing_workspace"] = L.cudnnBackendExecute(h, big, pack([1, 2, 3], None))
         res["ok"] = L.cudnnBackendExecute(h, big, pack([1, 2, 3], C.addressof(buf)))
-        res["exec_null_handle"] = L.cudnnBackendExecute(None, big, pack([1, 2, 3], C.addressof(buf)))
+        full = pack([1, 2, 3], C.addressof(buf))
+        res["exec_null_handle"] = L.cudnnBackendExecute(None, big, full)
         res["executions"] = report()["executions"]
         print(json.dumps(res))
     ''')
@@ -226,7 +230,7 @@ def test_backend_rejects_what_cudnn_rejects():
         g = create(OPGRAPH)
         setattr_(g, 801, T_DESC, [x.value])                           # a tensor is no operation
         r["graph_of_tensor"] = L.cudnnBackendFinalize(g)
-        r["destroy_twice"] = [L.cudnnBackendDestroyDescriptor(y), L.cudnnBackendDestroyDescriptor(y)]
+        r["destroy_twice"] = [L.cudnnBackendDestroyDescriptor(y) for _ in range(2)]
         r["error_string"] = L.cudnnGetErrorString(2010).decode()
         r["stub"] = L.cudnnRNNForward(None)                          # not simulated
         msg = C.create_string_buffer(256)
@@ -242,7 +246,7 @@ def test_backend_rejects_what_cudnn_rejects():
     assert out["wrong_owner"] == 2000 and out["too_many_dims"] == 2005
     assert out["get_unfinalized"] == 2004                             # BAD_PARAM_NOT_FINALIZED
     assert out["missing_attrs"] == 2000 and out["tensor_ok"] == 0
-    assert out["set_after_finalize"] == 1001                          # NOT_INITIALIZED, as documented
+    assert out["set_after_finalize"] == 1001               # NOT_INITIALIZED, as documented
     assert out["get_uid"] == [0, 1] and out["get_wrong_type"] == 2010
     assert out["conv_shape"] == 2008 and out["conv_groups"] == 2008   # BAD_PARAM_SHAPE_MISMATCH
     assert out["conv_ok"] == 0
@@ -254,6 +258,70 @@ def test_backend_rejects_what_cudnn_rejects():
     assert out["stub"] == 3000 and "not implemented by the simulator" in out["stub_message"]
     assert out["set_stream_null"] // 1000 * 1000 == 2000
     assert out["version"] == 92400
+
+
+@needs_cc
+def test_legacy_convolution_api():
+    out = run_ct('''
+        class Perf(C.Structure):
+            _fields_ = [("algo", C.c_int), ("status", C.c_int), ("time", C.c_float),
+                        ("memory", C.c_size_t), ("determinism", C.c_int), ("mathType", C.c_int),
+                        ("reserved", C.c_int * 3)]
+        ints = lambda *v: (C.c_int * len(v))(*v)
+        h, x, w, c, y, y_bad = vp(), vp(), vp(), vp(), vp(), vp()
+        assert L.cudnnCreate(C.byref(h)) == 0
+        for d in (x, y, y_bad):
+            assert L.cudnnCreateTensorDescriptor(C.byref(d)) == 0
+        assert L.cudnnCreateFilterDescriptor(C.byref(w)) == 0
+        assert L.cudnnCreateConvolutionDescriptor(C.byref(c)) == 0
+        assert L.cudnnSetTensor4dDescriptor(x, 0, 0, 4, 3, 64, 64) == 0          # NCHW float
+        assert L.cudnnSetFilterNdDescriptor(w, 0, 0, 4, ints(16, 3, 3, 3)) == 0
+        one_one = ints(1, 1)
+        assert L.cudnnSetConvolutionNdDescriptor(c, 2, one_one, one_one, one_one, 1, 0) == 0
+        dims = ints(0, 0, 0, 0)
+        assert L.cudnnGetConvolutionNdForwardOutputDim(c, x, w, 4, dims) == 0
+        assert L.cudnnSetTensor4dDescriptor(y, 0, 0, *dims) == 0
+        assert L.cudnnSetTensor4dDescriptor(y_bad, 0, 0, 4, 16, 62, 62) == 0
+        perf, n = (Perf * 8)(), C.c_int(0)
+        r = {"dims": list(dims)}
+        r["v7"] = L.cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, c, y, 8, C.byref(n), perf)
+        r["algos"] = [[perf[i].algo, perf[i].memory, perf[i].status] for i in range(n.value)]
+        r["v7_bad_y"] = L.cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, c, y_bad, 8, C.byref(n),
+                                                                  perf)
+        size = C.c_size_t(0)
+        r["ws_gemm"] = [L.cudnnGetConvolutionForwardWorkspaceSize(h, x, w, c, y, 2, C.byref(size)),
+                        size.value]
+        r["ws_fft"] = L.cudnnGetConvolutionForwardWorkspaceSize(h, x, w, c, y, 4, C.byref(size))
+        buf = (C.c_char * 64)()
+        one = C.c_float(1.0)
+        r["find"] = L.cudnnFindConvolutionForwardAlgorithmEx(h, x, buf, w, buf, c, y, buf, 8,
+                                                              C.byref(n), perf, buf,
+                                                              C.c_size_t(4096))
+        r["find_status"] = [[perf[i].algo, perf[i].status] for i in range(n.value)]
+        ws = (C.c_char * size.value)()
+        r["run_small_ws"] = L.cudnnConvolutionForward(h, C.byref(one), x, buf, w, buf, c, 2, ws,
+                                                       C.c_size_t(64), C.byref(one), y, buf)
+        r["run"] = L.cudnnConvolutionForward(h, C.byref(one), x, buf, w, buf, c, 2, ws, size,
+                                              C.byref(one), y, buf)
+        r["run_bad_y"] = L.cudnnConvolutionForward(h, C.byref(one), x, buf, w, buf, c, 0, None,
+                                                    C.c_size_t(0), C.byref(one), y_bad, buf)
+        for d in (x, y, y_bad):
+            assert L.cudnnDestroyTensorDescriptor(d) == 0
+        assert L.cudnnDestroyFilterDescriptor(w) == 0
+        assert L.cudnnDestroyConvolutionDescriptor(c) == 0
+        r["unset_after_destroy"] = L.cudnnSetTensor4dDescriptor(x, 0, 0, 1, 1, 1, 1)
+        r["live"] = report()["descriptors_live"]
+        print(json.dumps(r))
+    ''')
+    precomp, gemm = 4 * 64 * 64 * 9, 4 * 4 * 3 * 9 * 64 * 64
+    assert out["dims"] == [4, 16, 64, 64] and out["v7"] == 0
+    assert out["algos"] == [[1, precomp, 0], [0, 0, 0], [2, gemm, 0]]
+    assert out["v7_bad_y"] == 2008 and out["ws_gemm"] == [0, gemm] and out["ws_fft"] == 3000
+    # a search with a 4 KiB workspace: the algorithms needing more fail
+    assert out["find"] == 0 and out["find_status"] == [[1, 4004], [0, 0], [2, 4004]]
+    assert out["run_small_ws"] == 2006 and out["run"] == 0 and out["run_bad_y"] == 2008
+    assert out["unset_after_destroy"] == 2000
+    assert out["live"] == {"backend": 0, "tensor": 0, "filter": 0, "convolution": 0}
 
 
 @needs_cc
