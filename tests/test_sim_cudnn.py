@@ -204,6 +204,7 @@ def test_backend_rejects_what_cudnn_rejects():
         t = create(TENSOR)
         r["wrong_type"] = setattr_(t, 901, T_INT64, [0])            # DATA_TYPE given as INT64
         r["wrong_owner"] = setattr_(t, 100, T_DTYPE, [0])           # a convolution's attribute
+        r["read_only"] = setattr_(create(PLAN), 402, T_INT64, [0])  # the plan's workspace size
         r["too_many_dims"] = setattr_(t, 902, T_INT64, [1] * 9)
         r["get_unfinalized"] = get_int(t, 906)[0]
         r["missing_attrs"] = L.cudnnBackendFinalize(t)              # only created
@@ -244,6 +245,7 @@ def test_backend_rejects_what_cudnn_rejects():
     assert out["create_null"] == 2002 and out["set_null_desc"] == 2002
     assert out["wrong_type"] == 2010                                  # BAD_PARAM_ATTRIBUTE_TYPE
     assert out["wrong_owner"] == 2000 and out["too_many_dims"] == 2005
+    assert out["read_only"] == 2000
     assert out["get_unfinalized"] == 2004                             # BAD_PARAM_NOT_FINALIZED
     assert out["missing_attrs"] == 2000 and out["tensor_ok"] == 0
     assert out["set_after_finalize"] == 1001               # NOT_INITIALIZED, as documented

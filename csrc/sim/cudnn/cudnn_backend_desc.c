@@ -126,6 +126,23 @@ static int owner_ok(int dtype, int name)
     }
 }
 
+/* Attributes cuDNN computes: they can be read, never set. */
+static int read_only(int name)
+{
+    switch (name) {
+    case CUDNN_ATTR_ENGINEHEUR_RESULTS: case CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE:
+    case CUDNN_ATTR_ENGINECFG_SHARED_MEMORY_USED: case CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE:
+    case CUDNN_ATTR_EXECUTION_PLAN_COMPUTED_INTERMEDIATE_UIDS:
+    case CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION:
+    case CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT: case CUDNN_ATTR_ENGINE_NUMERICAL_NOTE:
+    case CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE: case CUDNN_ATTR_ENGINE_KNOB_INFO:
+    case CUDNN_ATTR_ENGINE_LAYOUT_INFO:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static cudnnStatus_t check_type(const sim_bdesc_t *d, int name, int type, int64_t count,
                                 const char *fn)
 {
@@ -361,6 +378,9 @@ SIM_API cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descript
         return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER,
                             "%s: %lld elements at NULL (attribute %d)", fn, (long long)elementCount,
                             (int)attributeName);
+    if (read_only(attributeName))
+        return sim_dnn_fail(CUDNN_STATUS_BAD_PARAM, "%s: attribute %d is computed by cuDNN, not set",
+                            fn, (int)attributeName);
     cudnnStatus_t st = check_type(d, attributeName, attributeType, elementCount, fn);
     if (st != CUDNN_STATUS_SUCCESS)
         return st;
