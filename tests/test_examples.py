@@ -34,6 +34,12 @@ RUNS = {
     "before_after": ("before_after.py", [], []),
     "step_range": ("step_range.py", ["--steps", "15"], []),
     "per_rank": ("per_rank.py", [], []),
+    "resnet50": ("resnet50.py", [], []),
+    "resnet50_profile": ("resnet50.py", ["--profile", "--iterations", "3"], []),
+    "amp_training": ("amp_training.py", [], []),
+    "bf16_attention": ("bf16_attention.py", ["--layers", "2", "--seq", "1024"], []),
+    "bf16_attention_math": ("bf16_attention.py", ["--layers", "2", "--seq", "1024", "--math"],
+                            []),
 }
 
 
@@ -43,7 +49,8 @@ def _run(name, tmp):
     cwd.mkdir()
     cmd = [sys.executable, "-m", "gpumem.simulate", "--out", "sim", *opts, "--",
            sys.executable, str(ROOT / "examples" / script), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=_env(), timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
+                          env=_env({"MPLBACKEND": "Agg"}), timeout=600)
     return cwd, proc
 
 
@@ -142,3 +149,73 @@ def test_per_rank_under_a_gloo_process_group(runs):
     cwd, out, _ = result(runs, "per_rank")
     assert (cwd / "per_rank_rank0.pickle").exists() and not (cwd / "per_rank.pickle").exists()
     assert "rank 0: wrote" in out.stdout
+
+
+def alloc_sizes(snap, line=None, script=None):
+    """Sizes of the recorded allocations (made at script:line, if given)."""
+    out = []
+    for e in snap["device_traces"][0]:
+        if e["action"] != "alloc":
+            continue
+        if line is None or any(f["filename"].endswith(script) and f["line"] == line
+                               for f in e["frames"]):
+            out.append(e["size"])
+    return out
+
+
+def script_line(script, text):
+    src = open(os.path.join(str(ROOT), "examples", script)).read().splitlines()
+    return next(i + 1 for i, t in enumerate(src) if t.strip() == text)
+
+
+RESNET50_PARAM_BYTES = 25_557_032 * 4
+
+
+def test_resnet50_runs_through_cudnn(runs):
+    cwd, out, report = result(runs, "resnet50")
+    assert "cuDNN" not in out.stderr
+    snap = load(cwd / "resnet50.pickle")
+    # parameters and SGD's momentum buffers stay allocated; gradients are freed
+    assert 2 * RESNET50_PARAM_BYTES <= live_bytes(snap) < 3 * RESNET50_PARAM_BYTES
+    # the first convolution's output (batch 1, 64 x 112 x 112 fp32), each iteration
+    assert alloc_sizes(snap).count(64 * 112 * 112 * 4) >= 5
+    assert report["per_device"][0]["peak_allocated"] > 2 * RESNET50_PARAM_BYTES
+
+
+def test_resnet50_profile_writes_the_memory_timeline(runs):
+    cwd, out, _ = result(runs, "resnet50_profile")
+    html = (cwd / "resnet50_timeline.html").read_text()
+    assert "data:image/png;base64," in html
+    assert (cwd / "resnet50.pickle").exists()
+
+
+def test_amp_training_fp16_copies_and_adam_state(runs):
+    cwd, out, _ = result(runs, "amp_training")
+    snap = load(cwd / "amp_training.pickle")
+    features, batch = 3072, 1024
+    weight = features * features * 4
+    forward = alloc_sizes(snap, script_line("amp_training.py", "output = model(data)"),
+                          "amp_training.py")
+    # per step: autocast's fp16 copies of the weight and of the input, and the fp16 output
+    assert forward.count(weight // 2) == 3 and forward.count(batch * features * 2) >= 6
+    # Adam's two moment buffers, made by the first step (no step is skipped on the
+    # simulator: the overflow check computes nothing) and alive at the end
+    stepped = alloc_sizes(snap, script_line("amp_training.py", "scaler.step(optimizer)"),
+                          "amp_training.py")
+    assert stepped.count(weight) >= 2
+    assert "step 1: allocated" in out.stdout and "Adam state for 1 parameter(s)" in out.stdout
+    assert live_bytes(snap) >= 3 * weight  # the weight and Adam's exp_avg and exp_avg_sq
+
+
+def test_bf16_attention_saves_less_than_the_math_backend(runs):
+    fused_cwd, _, fused = result(runs, "bf16_attention")
+    math_cwd, _, math = result(runs, "bf16_attention_math")
+    batch, heads, seq = 8, 16, 1024
+    fused_sizes = alloc_sizes(load(fused_cwd / "bf16_attention.pickle"))
+    math_sizes = alloc_sizes(load(math_cwd / "bf16_attention_math.pickle"))
+    scores = batch * heads * seq * seq * 2  # one bf16 seq x seq matrix per head
+    assert scores in math_sizes and scores not in fused_sizes
+    # the fused kernel keeps one fp32 log-sum-exp per row and head instead
+    assert batch * heads * seq * 4 in fused_sizes
+    assert (fused["per_device"][0]["peak_allocated"]
+            < math["per_device"][0]["peak_allocated"] - 2 * scores)
