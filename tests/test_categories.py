@@ -1,0 +1,127 @@
+"""Memory by category (gpumem/_categorize.py, gpumem/categories.py,
+gpumem/category_report.py): the resolution on hand-built traces, and a
+Transformer + AdamW loop on the simulated GPU checked against arithmetic from
+the model and against torch's _memory_viz."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumem._categorize import CATEGORIES, block_categories, resolve_device
+
+from test_torch_common import TRANSFORMER, run_gm
+
+C = CATEGORIES.index
+
+
+def ev(action, addr, size=512):
+    return {"action": action, "addr": addr, "size": size, "stream": 0}
+
+
+def test_category_follows_the_allocation_not_the_address():
+    # a gradient at 0x1000 freed (zero_grad(set_to_none=True)), then an
+    # activation gets the same block in the next forward
+    events = [ev("alloc", 0x1000), ev("free_requested", 0x1000), ev("free_completed", 0x1000),
+              ev("alloc", 0x1000), ev("alloc", 0x2000)]
+    first = 100
+    tags = [(101, 0x1000, "gradient"), (104, 0x1000, "activation")]
+    phases = [(100, "backward"), (103, "forward")]
+    cats, phs, pre = resolve_device(events, first, tags, phases)
+    assert cats == [C("gradient"), C("gradient"), C("gradient"), C("activation"),
+                    C("temporary")]
+    assert [("other", "forward", "backward", "optimizer")[p] for p in phs] == [
+        "backward", "backward", "backward", "forward", "forward"]
+    assert pre == {}
+
+
+def test_tags_made_before_an_event_name_the_allocation_live_then():
+    # the tag at seq 1 is before the free at seq 1: it names the first alloc;
+    # a tag made after the free finds nothing live and is dropped
+    events = [ev("alloc", 0x1000), ev("free_requested", 0x1000), ev("free_completed", 0x1000)]
+    cats, _, _ = resolve_device(events, 0, [(1, 0x1000, "parameter")], [])
+    assert cats == [C("parameter")] * 3
+    cats, _, pre = resolve_device(events, 0, [(3, 0x1000, "parameter")], [])
+    assert cats == [C("unknown")] * 3 and pre == {0x1000: "parameter"}
+
+
+def test_stronger_role_wins_and_blocks_before_the_window_keep_their_tags():
+    events = [ev("alloc", 0x3000), ev("free_requested", 0x5000), ev("free_completed", 0x5000)]
+    tags = [(1, 0x3000, "activation"), (1, 0x3000, "parameter"), (0, 0x4000, "optimizer_state"),
+            (0, 0x5000, "input")]
+    cats, _, pre = resolve_device(events, 0, tags, [(0, "optimizer")])
+    assert cats[0] == C("parameter")
+    assert cats[1] == cats[2] == C("input")      # allocated before the window, freed in it
+    assert pre[0x4000] == "optimizer_state"
+    segs = [{"device": 0, "address": 0x3000, "blocks": [
+        {"address": 0x3000, "size": 0x1000, "state": "active_allocated"},
+        {"address": 0x4000, "size": 0x1000, "state": "active_allocated"},
+        {"address": 0x5000, "size": 0x1000, "state": "inactive"},
+        {"address": 0x6000, "size": 0x1000, "state": "active_allocated"}]}]
+    assert block_categories(segs, [events], [cats], [pre]) == [
+        [C("parameter"), C("optimizer_state"), None, C("unknown")]]
+
+
+def test_untagged_allocations_take_their_phase():
+    events = [ev("alloc", a) for a in (1, 2, 3, 4)]
+    phases = [(1, "forward"), (2, "backward"), (3, "optimizer")]
+    cats, _, _ = resolve_device(events, 0, [], phases)
+    assert [CATEGORIES[c] for c in cats] == ["unknown", "temporary", "autograd_detail",
+                                             "temporary"]
+
+
+# On the simulated GPU: OUT holds what the bars are checked against.
+LOOP = '''
+import pickle, tempfile, os
+import gpumem.history as h
+from gpumem.analysis import build_device
+from gpumem import category_report as cr
+from gpumem._categorize import PHASES, TABLE_KEY
+model, opt = make_model()
+x = torch.randn(8, 16, 64, device="cuda")
+def steps(n):
+    for _ in range(n):
+        train_step(model, opt, x)
+h.record_memory_history("all", clear_history=True)
+steps(1)
+plain = h.snapshot()
+h.record_memory_history("all", categories=True, clear_history=True)
+steps(3)
+snap = h.snapshot()
+h.record_memory_history(None)
+m = build_device(snap, 0)
+cats = cr.allocation_categories(snap, m)
+phases = snap[TABLE_KEY]["trace_phases"][0]
+opt_at = [i for i, p in enumerate(phases) if PHASES[p] == "optimizer"]
+ends_of_backward = [i - 1 for i in opt_at if i > 0 and PHASES[phases[i - 1]] == "backward"]
+from torch.cuda import _memory_viz as mv
+html = mv.trace_plot(snap) + mv.segment_plot(snap)
+text = mv.segsum(snap) + mv.trace(snap)
+emit({"peak": m.peak, "at_peak": cr.breakdown(m, cats, m.peak_index),
+      "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+      "grads_end_of_backward": [cr.breakdown(m, cats, i)["gradient"] for i in ends_of_backward],
+      "state_after_steps": [cr.breakdown(m, cats, i)["optimizer_state"] for i in opt_at[-1:]],
+      "state_end": cr.breakdown(m, cats, m.n_events - 1)["optimizer_state"],
+      "plain_keys": sorted(plain), "cat_keys": sorted(snap),
+      "trace_keys_same": sorted({k for e in snap["device_traces"][0] for k in e}) ==
+                         sorted({k for e in plain["device_traces"][0] for k in e}),
+      "viz_ok": len(html) > 1000 and "segment" in text,
+      "unknown_at_peak": cr.breakdown(m, cats, m.peak_index)["unknown"]})
+'''
+
+
+def test_transformer_adamw_categories_on_the_simulated_gpu():
+    r = run_gm(LOOP, prelude=TRANSFORMER)
+    pb = r["param_bytes"]
+    assert sum(r["at_peak"].values()) == r["peak"]
+    assert r["at_peak"]["parameter"] == pb
+    assert r["at_peak"]["optimizer_state"] == 2 * pb
+    assert r["state_end"] == 2 * pb
+    assert len(r["grads_end_of_backward"]) == 3
+    assert all(g == pb for g in r["grads_end_of_backward"]), r["grads_end_of_backward"]
+    # cuBLAS's workspaces, allocated in the step recorded without categories
+    assert r["unknown_at_peak"] % (1 << 20) == 0
+    # snapshots without categories are unchanged; with them, one top-level key more
+    assert "gpumem_categories" not in r["plain_keys"]
+    assert sorted(r["plain_keys"] + ["gpumem_categories"]) == r["cat_keys"]
+    assert r["trace_keys_same"]
+    assert r["viz_ok"]
