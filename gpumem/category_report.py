@@ -18,7 +18,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpumem._categorize import CATEGORIES, PHASES, TABLE_KEY
-from gpumem.analysis import DeviceModel
+
+# m: an analysis.DeviceModel (not imported: analysis imports this module)
+DeviceModel = Any
 
 __all__ = ["allocation_categories", "breakdown", "category_curves", "device_report",
            "equation_terms"]

@@ -125,3 +125,69 @@ def test_transformer_adamw_categories_on_the_simulated_gpu():
     assert sorted(r["plain_keys"] + ["gpumem_categories"]) == r["cat_keys"]
     assert r["trace_keys_same"]
     assert r["viz_ok"]
+
+
+# ------------------------------------------------- summary on hand-built snapshots
+
+def _snapshot(table: bool = True, bad: bool = False) -> dict:
+    """A parameter from before the trace (a live block), then a step: an
+    activation, a gradient, the activation freed, optimizer state."""
+    t = [ev("alloc", 0x2000, 100), ev("alloc", 0x3000, 300),
+         ev("free_requested", 0x2000, 100), ev("free_completed", 0x2000, 100),
+         ev("alloc", 0x4000, 60)]
+    blocks = [{"address": a, "size": 0x1000, "requested_size": r, "state": s, "frames": []}
+              for a, r, s in ((0x1000, 50, "active_allocated"), (0x2000, 0, "inactive"),
+                              (0x3000, 300, "active_allocated"),
+                              (0x4000, 60, "active_allocated"))]
+    snap = {"segments": [{"device": 0, "address": 0x1000, "total_size": 0x4000,
+                          "allocated_size": 0x3000, "active_size": 0x3000,
+                          "requested_size": 410, "stream": 0, "segment_type": "large",
+                          "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+                          "blocks": blocks}],
+            "device_traces": [t]}
+    if table:
+        cats = [C("activation"), C("gradient"), C("activation"), C("activation"),
+                C("optimizer_state")]
+        if bad:
+            cats = [99, "x", None, -1, True]
+        snap["gpumem_categories"] = {
+            "version": 1, "categories": list(CATEGORIES),
+            "phases": ["other", "forward", "backward", "optimizer"],
+            "device_traces": [cats], "trace_phases": [[1, 2, 2, 2, 3]],
+            "segments": [[C("parameter"), None, C("gradient"), C("optimizer_state")]]}
+    return snap
+
+
+def _summary(tmp_path, capsys, snap, *extra):
+    import json
+    import pickle
+    from gpumem import cli
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    code = cli.main(["summary", str(path), *extra])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out) if "--json" in extra else out
+
+
+def test_summary_breaks_memory_down_by_category(tmp_path, capsys):
+    d = _summary(tmp_path, capsys, _snapshot(), "--json")["devices"][0]
+    c = d["categories"]
+    # the peak: parameter 50 + activation 100 + gradient 300 (before the free)
+    assert c["at_peak"]["parameter"] == 50 and c["at_peak"]["activation"] == 100
+    assert c["at_peak"]["gradient"] == 300
+    assert sum(c["at_peak"].values()) == d["peak_allocated"]
+    assert c["at_end"] == dict(c["at_end"], activation=0, gradient=300, optimizer_state=60,
+                               parameter=50)
+    assert sum(c["at_end"].values()) == 410
+    text = _summary(tmp_path, capsys, _snapshot())
+    assert "memory by category" in text and "optimizer_state" in text
+
+
+def test_summary_without_a_table_has_no_categories_and_bad_tables_are_unknown(tmp_path, capsys):
+    d = _summary(tmp_path, capsys, _snapshot(table=False), "--json")["devices"][0]
+    assert "categories" not in d
+    assert "memory by category" not in _summary(tmp_path, capsys, _snapshot(table=False))
+    d = _summary(tmp_path, capsys, _snapshot(bad=True), "--json")["devices"][0]
+    at_end = d["categories"]["at_end"]
+    assert at_end["unknown"] == 360 and at_end["parameter"] == 50
