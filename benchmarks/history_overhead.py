@@ -127,12 +127,10 @@ breakdown = {m: statistics.median(runs[m]) - statistics.median(off)
 # call, saved tensor, gradient and step), recording with and without them.
 categories = {}
 if which == "gpumem":
-    torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128,
-                                             batch_first=True)
-    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=2),
-                                torch.nn.Linear(64, 10)).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sys.path.insert(0, tests_dir)
+    from test_torch_common import TRANSFORMER   # make_model(): 2 layers, d_model 64, AdamW
+    exec(TRANSFORMER)
+    model, opt = make_model()
     x = torch.randn(8, 16, 64, device="cuda")
     def train(n):
         t0 = time.perf_counter()

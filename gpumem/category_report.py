@@ -23,7 +23,7 @@ from gpumem._categorize import CATEGORIES, PHASES, TABLE_KEY
 DeviceModel = Any
 
 __all__ = ["allocation_categories", "breakdown", "category_curves", "device_report",
-           "equation_terms"]
+           "equation_terms", "has_table"]
 
 _UNKNOWN = CATEGORIES.index("unknown")
 
@@ -35,6 +35,11 @@ def _table(snap: dict) -> Optional[dict]:
     if list(t.get("categories") or ()) != list(CATEGORIES):
         return None
     return t
+
+
+def has_table(snap: dict) -> bool:
+    """Whether the snapshot was recorded with categories (a table this code reads)."""
+    return _table(snap) is not None
 
 
 def _ok(i: Any) -> int:

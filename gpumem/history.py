@@ -173,6 +173,7 @@ def _record_memory_history(
     skip_actions: list[str] | None = None,
     record_pinned_host_memory: bool = False,
     record_cuda: bool = True,
+    categories: bool = False,
     **legacy: Any,
 ) -> None:
     """torch.cuda.memory._record_memory_history, with torch's signature and defaults.
@@ -181,6 +182,7 @@ def _record_memory_history(
     ``trace_alloc_record_context``, ``record_context``, ``record_context_cpp``).
     compile_context and global_record_annotations have nothing to record
     here and are ignored; pinned host memory is not managed by gpumem.
+    categories (gpumem's, not torch's): as for record_memory_history.
     """
     if isinstance(enabled, bool):
         _record_memory_history_legacy(enabled, clear_history=clear_history, **legacy)
@@ -193,7 +195,7 @@ def _record_memory_history(
     if not record_cuda:
         enabled = None
     record_memory_history(enabled, context, stacks, max_entries, clear_history,
-                          device=device, skip_actions=skip_actions)
+                          device=device, skip_actions=skip_actions, categories=categories)
     if global_record_annotations and enabled is not None:
         _follow_annotations(True, True)
 

@@ -191,3 +191,45 @@ def test_summary_without_a_table_has_no_categories_and_bad_tables_are_unknown(tm
     d = _summary(tmp_path, capsys, _snapshot(bad=True), "--json")["devices"][0]
     at_end = d["categories"]["at_end"]
     assert at_end["unknown"] == 360 and at_end["parameter"] == 50
+
+
+# ------------------------------------------------------------ gpumem simulate
+
+SIM_SCRIPT = "import json, torch\n" + TRANSFORMER + '''
+model, opt = make_model()
+x = torch.randn(64, 128, 64, device="cuda")
+# the script turns recording on itself (torch's call): categories stay on
+torch.cuda.memory._record_memory_history(max_entries=100000)
+for _ in range(2):
+    model(x).float().pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+with open("pb.json", "w") as f:
+    json.dump(sum(p.numel() * p.element_size() for p in model.parameters()), f)
+'''
+
+
+@pytest.mark.parametrize("categories", [True, False])
+def test_simulate_reports_the_estimation_equation(tmp_path, categories):
+    import json
+    from test_simulate import run_simulate
+    from test_torch_common import built_shim
+    built_shim()
+    pb_file = tmp_path / "pb.json"
+    proc = run_simulate(tmp_path, SIM_SCRIPT, *(["--categories"] if categories else []),
+                        "--json", "--no-view")
+    report = json.loads(proc.stdout)
+    if not categories:
+        assert "equation" not in report
+        return
+    pb = json.loads(pb_file.read_text())
+    (rows,) = report["equation"].values()
+    t = rows["0"]
+    assert t["parameters"] == pb and t["optimizer_state"] == 2 * pb
+    assert t["gradients"] == pb
+    assert t["estimate"] == (t["parameters"] + t["optimizer_state"]
+                             + max(t["gradients_plus_optimizer_intermediates"], t["activations"]))
+    # activations (batch 64 x 128 tokens) outweigh the 66k-parameter model's gradients
+    assert t["peak_branch"] == "activations"
+    assert t["activations"] > 10 * pb
+    assert sum(t["at_peak"].values()) == t["measured_peak"]
