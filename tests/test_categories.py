@@ -105,12 +105,30 @@ emit({"peak": m.peak, "at_peak": cr.breakdown(m, cats, m.peak_index),
       "trace_keys_same": sorted({k for e in snap["device_traces"][0] for k in e}) ==
                          sorted({k for e in plain["device_traces"][0] for k in e}),
       "viz_ok": len(html) > 1000 and "segment" in text,
-      "unknown_at_peak": cr.breakdown(m, cats, m.peak_index)["unknown"]})
+      "unknown_at_peak": cr.breakdown(m, cats, m.peak_index)["unknown"],
+      "reused": reused_gradient_blocks(snap)})
+'''
+
+# Blocks a gradient had, handed to another allocation after zero_grad(set_to_none=True),
+# with the categories the later allocations got.
+REUSE = '''
+def reused_gradient_blocks(snap):
+    from gpumem._categorize import CATEGORIES
+    table = snap["gpumem_categories"]["device_traces"][0]
+    by_addr, out = {}, {}
+    for e, c in zip(snap["device_traces"][0], table):
+        if e["action"] == "alloc":
+            by_addr.setdefault(e["addr"], []).append(CATEGORIES[c])
+    for cats in by_addr.values():
+        for a, b in zip(cats, cats[1:]):
+            if a == "gradient" and b != "gradient":
+                out[b] = out.get(b, 0) + 1
+    return out
 '''
 
 
 def test_transformer_adamw_categories_on_the_simulated_gpu():
-    r = run_gm(LOOP, prelude=TRANSFORMER)
+    r = run_gm(REUSE + LOOP, prelude=TRANSFORMER)
     pb = r["param_bytes"]
     assert sum(r["at_peak"].values()) == r["peak"]
     assert r["at_peak"]["parameter"] == pb
@@ -125,6 +143,8 @@ def test_transformer_adamw_categories_on_the_simulated_gpu():
     assert sorted(r["plain_keys"] + ["gpumem_categories"]) == r["cat_keys"]
     assert r["trace_keys_same"]
     assert r["viz_ok"]
+    # gradients' blocks are reused by the next forward, and the reuse has its own category
+    assert r["reused"].get("activation", 0) > 0, r["reused"]
 
 
 # ------------------------------------------------- summary on hand-built snapshots
