@@ -28,9 +28,11 @@ The snapshot gains one top-level key, ``gpumem_categories`` (table())."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from gpumem import _C
 from gpumem._categorize import (CATEGORIES, PHASES, TABLE_KEY, block_categories,
@@ -40,6 +42,25 @@ __all__ = ["enable", "disable", "enabled", "table", "TABLE_KEY", "CATEGORIES", "
            "CategoriesError"]
 
 _COMPACT_AT = 200_000
+_MAX_DEVICES = 64   # GM_HIST_MAX_DEVICES: devices the history numbers events on
+
+log = logging.getLogger("gpumem")
+
+
+def _never_raises(fn: Callable) -> Callable:
+    """A hook runs inside the user's training step: a failure of ours is
+    logged once and the step goes on (a pack hook still returns its tensor)."""
+    @functools.wraps(fn)
+    def hook(self: "_Tagger", *args: Any) -> Any:
+        try:
+            return fn(self, *args)
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            if not self.failed:
+                self.failed = True
+                log.warning("gpumem categories: the %s hook failed (%s: %s); categories of "
+                            "this run may be incomplete", fn.__name__, type(e).__name__, e)
+            return args[0] if fn.__name__ in ("pack", "unpack") else None
+    return hook
 
 
 class CategoriesError(RuntimeError):
@@ -81,7 +102,8 @@ class _Tagger:
         self.grad_hooked = _IdMap()  # parameter -> its post-accumulate-grad hook
         self.handles: list = []
         self.saved_hooks_thread: Optional[int] = None
-        self.devices = max(1, torch.cuda.device_count())
+        self.devices = min(_MAX_DEVICES, max(1, torch.cuda.device_count()))
+        self.failed = False
 
     # -------------------------------------------------------------- notes
     def set_phase(self, phase: str) -> None:
@@ -102,6 +124,8 @@ class _Tagger:
         if not ptr:
             return
         d = t.device.index or 0
+        if d >= _MAX_DEVICES:
+            return
         with self.lock:
             lst = self.tags.setdefault(d, [])
             lst.append((_C._hist_seq(d), ptr, role))
@@ -121,6 +145,7 @@ class _Tagger:
         self.tag(t, role)
 
     # -------------------------------------------------------------- hooks
+    @_never_raises
     def forward_pre(self, module: Any, args: Any) -> None:
         if self.depth == 0:
             self.set_phase("forward")
@@ -134,23 +159,28 @@ class _Tagger:
             if p.requires_grad and self.grad_hooked.get(p) is None:
                 self.grad_hooked.set(p, p.register_post_accumulate_grad_hook(self.grad_ready))
 
+    @_never_raises
     def forward_post(self, module: Any, args: Any, output: Any) -> None:
         self.depth = max(0, self.depth - 1)
 
+    @_never_raises
     def grad_ready(self, p: Any) -> None:
         self.set_phase("backward")
         if p.grad is not None:
             self.tag_once(p.grad, "gradient")
 
+    @_never_raises
     def pack(self, t: Any) -> Any:
         self.tag(t, "activation")
         return t
 
+    @_never_raises
     def unpack(self, t: Any) -> Any:
         if self.phase != "backward":
             self.set_phase("backward")
         return t
 
+    @_never_raises
     def step_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         self.set_phase("optimizer")
         for group in opt.param_groups:
@@ -159,6 +189,7 @@ class _Tagger:
                 if p.grad is not None:
                     self.tag_once(p.grad, "gradient")
 
+    @_never_raises
     def step_post(self, opt: Any, args: Any, kwargs: Any) -> None:
         for state in opt.state.values():
             for v in state.values():

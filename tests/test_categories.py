@@ -253,3 +253,24 @@ def test_simulate_reports_the_estimation_equation(tmp_path, categories):
     assert t["peak_branch"] == "activations"
     assert t["activations"] > 10 * pb
     assert sum(t["at_peak"].values()) == t["measured_peak"]
+
+
+def test_a_failing_hook_does_not_stop_training(caplog):
+    """The hooks run inside the user's step: an error of ours is logged once
+    and the tensor goes through (no torch needed: a stand-in tagger)."""
+    from gpumem import categories
+
+    class Broken(categories._Tagger):
+        def __init__(self):
+            self.failed = False
+
+        def tag(self, t, role):
+            raise RuntimeError("boom")
+
+    b = Broken()
+    x = object()
+    with caplog.at_level("WARNING", logger="gpumem"):
+        assert b.pack(x) is x
+        assert b.pack(x) is x
+    assert [r.message for r in caplog.records if "pack hook failed" in r.message] != []
+    assert len(caplog.records) == 1
