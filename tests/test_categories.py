@@ -274,3 +274,30 @@ def test_a_failing_hook_does_not_stop_training(caplog):
         assert b.pack(x) is x
     assert [r.message for r in caplog.records if "pack hook failed" in r.message] != []
     assert len(caplog.records) == 1
+
+
+def test_record_with_categories_writes_the_table_and_restores_the_settings(tmp_path):
+    r = run_gm(f'''
+import pickle
+from gpumem import categories, history
+model, opt = make_model()
+x = torch.randn(4, 8, 64, device="cuda")
+with gpumem.record({str(tmp_path / "m.pickle")!r}, categories=True) as rec:
+    inside = categories.enabled()
+    train_step(model, opt, x)
+snap = pickle.load(open({str(tmp_path / "m.pickle")!r}, "rb"))
+t = snap["gpumem_categories"]
+emit({{"inside": inside, "after": categories.enabled(),
+       "config": history.recording_config()["categories"],
+       "lengths_match": [len(a) for a in t["device_traces"]] ==
+                        [len(a) for a in snap["device_traces"]],
+       "names": sorted({{t["categories"][c] for c in t["device_traces"][0] if c is not None}}),
+       "block_names": sorted({{t["categories"][c] for row in t["segments"] for c in row
+                               if c is not None}})}})
+''', prelude=TRANSFORMER)
+    assert r["inside"] is True and r["after"] is False and r["config"] is False
+    assert r["lengths_match"]
+    # allocated in the block: gradients, the first step's optimizer state, activations
+    assert {"gradient", "optimizer_state", "activation"} <= set(r["names"])
+    # live at the end, allocated before it: the parameters and the input keep their tags
+    assert {"parameter", "input", "optimizer_state"} <= set(r["block_names"])
