@@ -88,10 +88,12 @@ def breakdown(m: DeviceModel, cats: list[int], index: int) -> dict[str, int]:
 
 
 def category_curves(m: DeviceModel, cats: list[int], samples: list[int]) -> dict[str, list[int]]:
-    """Bytes per category after each trace entry in ``samples`` (sorted indices)."""
+    """Bytes per category after each trace entry in ``samples`` (sorted indices);
+    a category no allocation has is all zeros (and costs no pass over the trace)."""
     n = m.n_events
-    delta = [[0] * (n + 1) for _ in CATEGORIES]
-    base = [0] * len(CATEGORIES)
+    used = sorted(set(cats))
+    delta = {c: [0] * (n + 1) for c in used}
+    base = dict.fromkeys(used, 0)
     for a, (s, e) in enumerate(zip(m.a_start, m.a_end)):
         c, size = cats[a], m.a_size[a]
         if s < 0:
@@ -100,15 +102,17 @@ def category_curves(m: DeviceModel, cats: list[int], samples: list[int]) -> dict
             delta[c][s] += size
         if e < n:
             delta[c][e] -= size
-    out = {}
-    for c, name in enumerate(CATEGORIES):
-        run, d, vals, k = base[c], delta[c], [], 0
+    out = {name: [0] * len(samples) for name in CATEGORIES}
+    for c in used:
+        run, d, vals, k = base[c], delta[c], out[CATEGORIES[c]], 0
         for i in range(n):
             run += d[i]
             while k < len(samples) and samples[k] == i:
-                vals.append(run)
+                vals[k] = run
                 k += 1
-        out[name] = vals + [run] * (len(samples) - len(vals))
+        while k < len(samples):
+            vals[k] = run
+            k += 1
     return out
 
 

@@ -4,7 +4,9 @@ The page works offline: its script and style (gpumem/viewer_static, written
 for gpumem) and the data are inlined, and it loads nothing.  It shows one
 device: a header with the peaks, the allocated-memory timeline with each
 allocation's stack on hover, the segments with their blocks (allocated,
-pending free, free), and a sortable table of allocation sites.
+pending free, free), and a sortable table of allocation sites; for a snapshot
+recorded with categories, also the allocated memory stacked by category
+(gpumem.category_report, drawn by viewer_static/viewer_categories.js).
 
 Scale: the data is reduced here, in Python, before it is embedded, so a
 1,000,000-event trace gives a page of a few MB that draws in well under a
