@@ -136,6 +136,9 @@ class _TorchBackend:
         return bool(self.torch._C._cuda_isHistoryEnabled())
 
     def start(self, rec: "Recorder") -> None:
+        if rec.categories:
+            log.warning("gpumem.record(categories=True): torch's own recorder is in use (see "
+                        "above), so the snapshot has no categories")
         self.torch.cuda.memory._record_memory_history(
             "all", context=rec.context, stacks=rec.stacks, max_entries=rec.max_entries,
             clear_history=True)
