@@ -30,6 +30,13 @@ capture_us_at_depth / capture_ns_per_frame: one stack capture on its own,
     gil_round_trip_us (PyGILState_Ensure + Release, paid per capture
     because torch releases the GIL around both the allocation and the
     free) and floor_us_per_alloc = 2 x (walk + GIL round trip).
+categories (gpumem's process only): categories_overhead_us_per_alloc, the
+    same pairs with record_memory_history(..., categories=True) over
+    context='all' without (nothing is added to the allocation path, so this
+    is noise around 0); train_step_*: a Transformer (2 layers, d_model 64)
+    + AdamW step, recording with and without categories, where the hooks
+    run (per module call, saved tensor, gradient, step), and that difference
+    per allocation of the step (categories_us_per_alloc_in_training).
 snapshot_dump_s / snapshot_bytes: torch.cuda.memory._dump_snapshot() of a
     history holding --events trace entries (max_entries=--events, filled
     past the bound by a workload with several call sites at the same depth
@@ -83,9 +90,13 @@ def pairs():
     return (time.perf_counter() - t0) / iters * 1e6
 
 def record(context, max_entries=events):
-    """context: False (recording off), or torch's context= value."""
+    """context: False (recording off), or torch's context= value; "categories":
+    context='all' with gpumem's categories on."""
     mem._record_memory_history(None)
-    if context is not False:
+    if context == "categories":
+        gpumem.history.record_memory_history("all", "all", "python", max_entries,
+                                             categories=True)
+    elif context is not False:
         mem._record_memory_history("all", context=context, stacks="python",
                                    max_entries=max_entries)
 
@@ -97,6 +108,8 @@ torch.cuda.synchronize()
 # None records the events only; 'state' adds the allocation's stack; 'all'
 # (the figure) also captures the stack of every free.
 MODES = {"off": False, "events_only": None, "alloc_stack": "state", "all": "all"}
+if which == "gpumem":
+    MODES["categories"] = "categories"
 runs = {m: [] for m in MODES}
 for r in range(repeats + 1):
     for m, context in MODES.items():
@@ -108,6 +121,48 @@ record(False)
 off, on = runs["off"], runs["all"]
 breakdown = {m: statistics.median(runs[m]) - statistics.median(off)
              for m in ("events_only", "alloc_stack")}
+
+# --- categories (gpumem only): the pairs above with categories on, and a
+# small Transformer + AdamW training step (where the hooks run: per module
+# call, saved tensor, gradient and step), recording with and without them.
+categories = {}
+if which == "gpumem":
+    sys.path.insert(0, tests_dir)
+    from test_torch_common import TRANSFORMER   # make_model(): 2 layers, d_model 64, AdamW
+    exec(TRANSFORMER)
+    model, opt = make_model()
+    x = torch.randn(8, 16, 64, device="cuda")
+    def train(n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            model(x).float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e6
+    step_runs = {"all": [], "categories": []}
+    record("all")
+    train(3)
+    n0 = torch.cuda.memory_stats()["allocation.all.allocated"]
+    train(1)
+    allocs_per_step = torch.cuda.memory_stats()["allocation.all.allocated"] - n0
+    for r in range(repeats + 1):
+        for m in step_runs:
+            record(m)
+            v = train(20)
+            if r:
+                step_runs[m].append(v)
+    record(False)
+    med = {m: statistics.median(v) for m, v in step_runs.items()}
+    categories = {
+        "categories_overhead_us_per_alloc":
+            statistics.median(runs["categories"]) - statistics.median(on),
+        "categories_pair_ratio": statistics.median(runs["categories"]) / statistics.median(on),
+        "train_step_us_recording": med["all"], "train_step_us_categories": med["categories"],
+        "train_step_ratio": med["categories"] / med["all"],
+        "train_allocs_per_step": allocs_per_step,
+        "categories_us_per_alloc_in_training": (med["categories"] - med["all"]) / allocs_per_step,
+    }
 
 # --- one stack capture on its own, called from Python (GIL held, no
 # allocation, no trace entry), at the bottom of 0 and `depth` frames: torch's
@@ -217,11 +272,14 @@ print(json.dumps({
     "snapshot_dump_s": statistics.median(dumps), "dump_runs_s": dumps,
     "first_dump_s": dumps[0],
     "snapshot_bytes": size, "snapshot_events": n_events,
-    "frames_per_event": n_frames / max(n_events, 1)}))
+    "frames_per_event": n_frames / max(n_events, 1), **categories}))
 sys.stdout.flush()
 os._exit(0)   # skip interpreter teardown
 '''
 
+CATEGORY_METRICS = ("categories_overhead_us_per_alloc", "categories_pair_ratio",
+                    "train_step_us_recording", "train_step_us_categories", "train_step_ratio",
+                    "train_allocs_per_step", "categories_us_per_alloc_in_training")
 METRICS = ("record_overhead_us_per_alloc", "snapshot_dump_s", "snapshot_bytes")
 TARGETS = {"record_overhead_us_per_alloc": 0.33, "snapshot_dump_s": 0.5, "snapshot_bytes": 1.0}
 
@@ -273,6 +331,8 @@ def main(argv=None) -> int:
             entry["target_ratio"] = TARGETS[m]
             entry["met"] = entry["ratio"] is not None and entry["ratio"] <= TARGETS[m]
         result[m] = entry
+    result["categories"] = {m: statistics.median(r[m] for r in runs["gpumem"])
+                            for m in CATEGORY_METRICS}
     result["runs"] = runs
     if args.json:
         print(json.dumps(result, indent=1))

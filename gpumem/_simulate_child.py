@@ -30,12 +30,13 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["ENV_OUT", "ENV_STATS", "ENV_PARENT", "ENV_ENTRIES"]
+__all__ = ["ENV_OUT", "ENV_STATS", "ENV_PARENT", "ENV_ENTRIES", "ENV_CATEGORIES"]
 
 ENV_OUT = "GPUMEM_SIMULATE_OUT"
 ENV_STATS = "GPUMEM_SIMULATE_STATS"
 ENV_PARENT = "GPUMEM_SIMULATE_PARENT"
 ENV_ENTRIES = "GPUMEM_SIMULATE_MAX_ENTRIES"
+ENV_CATEGORIES = "GPUMEM_SIMULATE_CATEGORIES"   # "1": record categories (--categories)
 
 
 class _TorchImportHook:
@@ -100,7 +101,8 @@ def _activate() -> None:
         from gpumem import history
         gpumem.install()
         entries = int(os.environ.get(ENV_ENTRIES) or 100_000)
-        history.record_memory_history("all", "all", "python", entries)
+        history.record_memory_history("all", "all", "python", entries,
+                                      categories=_categories_on())
         _wrap_reset_peaks()
         _keep_recording(sys.modules["torch"], history)
     except Exception as e:  # the script still runs, on torch's allocator
@@ -108,6 +110,10 @@ def _activate() -> None:
         return
     _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "incomplete": True})
     atexit.register(_child_finish)
+
+
+def _categories_on() -> bool:
+    return os.environ.get(ENV_CATEGORIES) == "1"
 
 
 _script_dumps: list[str] = []       # snapshots the script wrote itself
@@ -125,6 +131,8 @@ def _keep_recording(torch: Any, history: Any) -> None:
         if enabled is None or enabled is False or kwargs.get("record_cuda") is False:
             _script_stops += 1
             return
+        if _categories_on():   # the script's settings, with categories kept on
+            kwargs["categories"] = True
         original(enabled, *args, **kwargs)
 
     for module in (torch.cuda.memory, torch.cuda):

@@ -41,6 +41,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Iterable
 
+from . import category_report
 from ._origin import is_library_file  # noqa: F401 - part of this module's interface
 from ._sites import StackTable, U64, opt_int as _opt_int, text_of as _text
 from ._unpickle import SnapshotError
@@ -469,6 +470,9 @@ def _summarize_device(snap: dict, dev: int, stacks: StackTable, top: int) -> dic
     row["ooms"] = [{"index": o["index"], "size": o["size"], "device_free": o["device_free"],
                     "site": stacks.site_of_stack(o["stack"])["label"]} for o in m.ooms]
     row["steps"], row["step_markers"], row["step_growth_sites"] = _steps(m, top)
+    cats = category_report.device_report(snap, m)
+    if cats is not None:
+        row["categories"] = cats
     return row
 
 

@@ -286,6 +286,8 @@ def _summary_device(d: dict) -> list[str]:
         out.append(f"  OOM at event {o['index']}: asked for {format_bytes(o['size'])} with "
                    f"{format_bytes(o['device_free'])} free on the device, at "
                    f"{_short_site(o['site'])}")
+    if d.get("categories"):
+        _category_table(d["categories"], out)
     label = "live at peak" if d["source"] == "trace" else "live at the snapshot"
     _site_table(d["top_live_at_peak"], f"top sites by bytes {label}", out)
     _site_table(d["top_total_allocated"], "top sites by total bytes allocated", out)
@@ -307,6 +309,18 @@ def _summary_device(d: dict) -> list[str]:
                 out.append(f"    {_signed(r['delta_bytes']):>11}  {r['delta_count']:+7d}  "
                            f"{_short_site(r['site'])}")
     return out
+
+
+def _category_table(c: dict, out: list[str]) -> None:
+    peak, end = c["at_peak"], c["at_end"]
+    out.append(f"  memory by category (recorded with categories=True):")
+    out.append(f"    {'category':<18} {'at peak':>11} {'at the end':>11}")
+    for name in c["categories"]:
+        if peak.get(name) or end.get(name):
+            out.append(f"    {name:<18} {format_bytes(peak.get(name, 0)):>11} "
+                       f"{format_bytes(end.get(name, 0)):>11}")
+    out.append(f"    {'total':<18} {format_bytes(sum(peak.values())):>11} "
+               f"{format_bytes(sum(end.values())):>11}")
 
 
 def _signed(n: int) -> str:

@@ -23,7 +23,7 @@ import pickle
 import sys
 from typing import Any
 
-from gpumem import _C, _shim_state
+from gpumem import _C, _shim_state, categories as _categories
 from gpumem._atomic import write_atomic
 from gpumem._conf import ConfError, settings_for_snapshot
 
@@ -115,6 +115,7 @@ def record_memory_history(
     *,
     device: Any = None,
     skip_actions: list[str] | None = None,
+    categories: bool = False,
 ) -> None:
     """Start, change or stop recording allocator history, on every device.
 
@@ -129,6 +130,10 @@ def record_memory_history(
     clear_history: drop the events recorded so far.
     device: accepted for torch compatibility; recording covers all devices.
     skip_actions: action names (see ACTIONS) that are not recorded.
+    categories: also note what each allocation is for (parameter, gradient,
+        optimizer state, activation, ...) through global torch hooks, and add
+        the ``gpumem_categories`` table to snapshots (gpumem.categories);
+        each call sets it anew, so a call without it turns categories off.
 
     Invalid values raise HistoryConfigError (a ValueError) with torch's text.
     """
@@ -140,6 +145,10 @@ def record_memory_history(
     s = _choice(_STACKS, stacks, _STACKS_MSG)
     n = _max_entries(max_entries)
     mask = _skip_mask(skip_actions)
+    if categories and e != 0:
+        _categories.enable(clear=bool(clear_history))
+    else:
+        _categories.disable()
     _C._hist_configure(e, c, s, n, bool(clear_history), mask)
     _follow_annotations(e != 0, False)
 
@@ -164,6 +173,7 @@ def _record_memory_history(
     skip_actions: list[str] | None = None,
     record_pinned_host_memory: bool = False,
     record_cuda: bool = True,
+    categories: bool = False,
     **legacy: Any,
 ) -> None:
     """torch.cuda.memory._record_memory_history, with torch's signature and defaults.
@@ -172,6 +182,7 @@ def _record_memory_history(
     ``trace_alloc_record_context``, ``record_context``, ``record_context_cpp``).
     compile_context and global_record_annotations have nothing to record
     here and are ignored; pinned host memory is not managed by gpumem.
+    categories (gpumem's, not torch's): as for record_memory_history.
     """
     if isinstance(enabled, bool):
         _record_memory_history_legacy(enabled, clear_history=clear_history, **legacy)
@@ -184,7 +195,7 @@ def _record_memory_history(
     if not record_cuda:
         enabled = None
     record_memory_history(enabled, context, stacks, max_entries, clear_history,
-                          device=device, skip_actions=skip_actions)
+                          device=device, skip_actions=skip_actions, categories=categories)
     if global_record_annotations and enabled is not None:
         _follow_annotations(True, True)
 
@@ -201,6 +212,7 @@ def _record_memory_history_legacy(
 ) -> None:
     """torch's pre-2.1 form: _record_memory_history(True, trace_alloc_max_entries=N, ...)."""
     if not enabled:
+        _categories.disable()
         _C._hist_configure(0, 0, False, 1, False, 0)
         _follow_annotations(False, False)
         return
@@ -225,6 +237,7 @@ def recording_config() -> dict:
         "stacks": "all" if c["stacks_all"] else "python",
         "max_entries": c["max_entries"],
         "skip_actions": [a for i, a in enumerate(ACTIONS) if c["skip_mask"] >> i & 1],
+        "categories": _categories.enabled(),
     }
 
 
@@ -260,7 +273,8 @@ def _annotations() -> list:
 
 
 def _take(clamp: bool, augment_with_fx_traces: bool) -> dict:
-    segments, traces, settings = _C._hist_snapshot(clamp=clamp)
+    with_categories = _categories.enabled()
+    segments, traces, settings, *first = _C._hist_snapshot(clamp=clamp, seqs=with_categories)
     snap = {
         "segments": segments,
         "device_traces": traces,
@@ -269,6 +283,8 @@ def _take(clamp: bool, augment_with_fx_traces: bool) -> dict:
         "host_segments": [],  # gpumem does not manage pinned host memory
         "host_traces": [],
     }
+    if with_categories:
+        snap[_categories.TABLE_KEY] = _categories.table(segments, traces, first[0])
     if augment_with_fx_traces:
         try:
             from torch._utils import _augment_memory_snapshot_stack_traces

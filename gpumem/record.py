@@ -110,14 +110,15 @@ class _GpumemBackend:
 
     def start(self, rec: "Recorder") -> None:
         history.record_memory_history("all", rec.context, rec.stacks, rec.max_entries,
-                                      clear_history=True)
+                                      clear_history=True, categories=rec.categories)
 
     def restore(self, cfg: Any) -> None:
         if cfg["enabled"] is None:
             history.record_memory_history(None)
         else:
             history.record_memory_history(cfg["enabled"], cfg["context"], cfg["stacks"],
-                                          cfg["max_entries"], skip_actions=cfg["skip_actions"])
+                                          cfg["max_entries"], skip_actions=cfg["skip_actions"],
+                                          categories=cfg.get("categories", False))
 
     def snapshot(self) -> dict:
         return history.snapshot()
@@ -135,6 +136,9 @@ class _TorchBackend:
         return bool(self.torch._C._cuda_isHistoryEnabled())
 
     def start(self, rec: "Recorder") -> None:
+        if rec.categories:
+            log.warning("gpumem.record(categories=True): torch's own recorder is in use (see "
+                        "above), so the snapshot has no categories")
         self.torch.cuda.memory._record_memory_history(
             "all", context=rec.context, stacks=rec.stacks, max_entries=rec.max_entries,
             clear_history=True)
@@ -202,7 +206,8 @@ class Recorder:
     def __init__(self, path: str | os.PathLike[str] = "memory.pickle", *,
                  max_entries: int = 100_000, context: Optional[str] = "all",
                  stacks: str = "python", start_step: Optional[int] = None,
-                 stop_step: Optional[int] = None, dump_on_oom: bool = True) -> None:
+                 stop_step: Optional[int] = None, dump_on_oom: bool = True,
+                 categories: bool = False) -> None:
         try:
             path = os.fspath(path)
         except TypeError:
@@ -230,6 +235,7 @@ class Recorder:
         self.start_step = start_step
         self.stop_step = stop_step
         self.dump_on_oom = bool(dump_on_oom)
+        self.categories = bool(categories)
         self.step_index = 0
         self.written: list[str] = []
         self.oom_snapshots: list[str] = []
@@ -379,7 +385,7 @@ class Recorder:
 def record(path: str | os.PathLike[str] = "memory.pickle", *, max_entries: int = 100_000,
            context: Optional[str] = "all", stacks: str = "python",
            start_step: Optional[int] = None, stop_step: Optional[int] = None,
-           dump_on_oom: bool = True) -> Recorder:
+           dump_on_oom: bool = True, categories: bool = False) -> Recorder:
     """Record memory history for a with block and write a snapshot at its end.
 
     path: the snapshot file (``_rank<N>`` is added under torch.distributed or
@@ -390,12 +396,15 @@ def record(path: str | os.PathLike[str] = "memory.pickle", *, max_entries: int =
         written and recording stops.
     dump_on_oom: write <path stem>_oom.pickle when an allocation fails with
         out of memory inside the block (before the exception reaches Python).
+    categories: note what each allocation is for (gpumem.categories); under
+        torch's own recorder (see below) there are none.
 
     Returns a Recorder (use it in a with statement, or call start()/stop()).
     See the module docstring for nesting, torch's allocator and rank rules.
     """
     return Recorder(path, max_entries=max_entries, context=context, stacks=stacks,
-                    start_step=start_step, stop_step=stop_step, dump_on_oom=dump_on_oom)
+                    start_step=start_step, stop_step=stop_step, dump_on_oom=dump_on_oom,
+                    categories=categories)
 
 
 def _add_markers(snap: dict, markers: list[tuple[int, str]]) -> None:

@@ -52,7 +52,7 @@ import time
 from typing import Any, Optional
 
 from gpumem._format import format_bytes
-from gpumem._simulate_child import ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
+from gpumem._simulate_child import ENV_CATEGORIES, ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
 
 __all__ = ["HELP", "LIMITS", "add_arguments", "run", "main"]
 
@@ -111,6 +111,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-entries", type=int, default=100_000, metavar="N",
                    help="allocator events kept per device, newest last (default 100000)")
     p.add_argument("--no-view", action="store_true", help="do not write the viewer pages")
+    p.add_argument("--categories", action="store_true",
+                   help="also record what each allocation is for (parameter, gradient, "
+                        "optimizer state, activation, ...) and report the terms of the "
+                        "estimation equation, measured")
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON (it is also written to DIR/summary.json)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
@@ -166,6 +170,58 @@ def _views(procs: list[dict], oom_files: list[str], out: str) -> dict[str, Any]:
         except Exception as e:  # a page that cannot be written is reported, not fatal
             pages[path] = {"error": f"{type(e).__name__}: {e}"}
     return pages
+
+
+def _equations(snapshots: list[str]) -> dict[str, Any]:
+    """Per snapshot, per device: the estimation equation's terms, measured
+    (gpumem.category_report.equation_terms)."""
+    from gpumem import category_report
+    from gpumem._unpickle import load_snapshot
+    from gpumem.analysis import build_device, devices_of
+    out: dict[str, Any] = {}
+    for path in snapshots:
+        try:
+            snap = load_snapshot(path)
+            if not category_report.has_table(snap):
+                continue
+            rows = {}
+            for d in devices_of(snap):
+                m = build_device(snap, d)
+                cats = category_report.allocation_categories(snap, m)
+                terms = category_report.equation_terms(snap, m, cats)
+                terms["at_peak"] = category_report.breakdown(m, cats, m.peak_index)
+                rows[str(d)] = terms
+            out[path] = rows
+        except Exception as e:  # reported, not fatal
+            out[path] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def _equation_lines(eqs: dict[str, Any]) -> list[str]:
+    fb = format_bytes
+    lines = []
+    for path, rows in eqs.items():
+        if "error" in rows:
+            lines.append(f"categories of {path}: not read ({rows['error']})")
+            continue
+        for d, t in rows.items():
+            gi = t["gradients_plus_optimizer_intermediates"]
+            lines.append(f"estimation equation, measured (device {d}, each term at its own peak):")
+            lines.append(f"  parameters {fb(t['parameters'])} + optimizer state "
+                         f"{fb(t['optimizer_state'])} + max(gradients + optimizer intermediates "
+                         f"{fb(gi)}, activations {fb(t['activations'])}) = {fb(t['estimate'])}")
+            lines.append(f"    (gradients {fb(t['gradients'])}, optimizer intermediates "
+                         f"{fb(t['optimizer_intermediates'])})")
+            if t.get("peak_branch"):
+                a = t["at_peak"]
+                lines.append(f"  measured peak allocated {fb(t['measured_peak'])}: the "
+                             f"{t['peak_branch'].replace('_', ' ')} branch sets it (at the peak: "
+                             f"activations {fb(a['activation'])}, gradients "
+                             f"{fb(a['gradient'])}); not in the equation: temporaries "
+                             f"{fb(a['temporary'])}, autograd detail "
+                             f"{fb(a['autograd_detail'])}, inputs {fb(a['input'])}, unknown "
+                             f"{fb(a['unknown'])}")
+    return lines
 
 
 def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs: list[dict],
@@ -262,6 +318,7 @@ def _print_report(r: dict[str, Any]) -> None:
                                                  else ""))
     if isinstance(r["views"], dict) and "error" in r["views"]:
         lines.append(f"viewer: not written ({r['views']['error']})")
+    lines.extend(_equation_lines(r.get("equation") or {}))
     for e in r["errors"]:
         lines.append(f"error in the run: {e}")
     lines.append(f"{r['limits']}.")
@@ -314,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env[ENV_OUT], env[ENV_STATS] = out, stats_dir
         env[ENV_PARENT], env[ENV_ENTRIES] = str(os.getpid()), str(args.max_entries)
+        env[ENV_CATEGORIES] = "1" if args.categories else "0"
         env.setdefault("GPUMEM_OOM_SNAPSHOT", out)
         if not args.json:
             print(f"gpumem simulate: running {shlex.join(cmd)} on {args.devices} simulated GPU(s) "
@@ -344,6 +402,8 @@ def run(args: argparse.Namespace) -> int:
         pages = {} if args.no_view else _views(procs, oom_files, out)
         report = _report(cmd, rc, memory, args.devices, out, procs, oom_files, pages, seconds)
         report["gpu"] = sim_gpus.describe(model)
+        if args.categories:
+            report["equation"] = _equations(report["snapshots"])
         try:
             with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
                 json.dump(report, f, indent=2)

@@ -4,7 +4,9 @@ The page works offline: its script and style (gpumem/viewer_static, written
 for gpumem) and the data are inlined, and it loads nothing.  It shows one
 device: a header with the peaks, the allocated-memory timeline with each
 allocation's stack on hover, the segments with their blocks (allocated,
-pending free, free), and a sortable table of allocation sites.
+pending free, free), and a sortable table of allocation sites; for a snapshot
+recorded with categories, also the allocated memory stacked by category
+(gpumem.category_report, drawn by viewer_static/viewer_categories.js).
 
 Scale: the data is reduced here, in Python, before it is embedded, so a
 1,000,000-event trace gives a page of a few MB that draws in well under a
@@ -34,7 +36,7 @@ import os
 import re
 from typing import Any
 
-from . import analysis
+from . import analysis, category_report
 from ._atomic import write_atomic
 from ._unpickle import Limits, gc_paused, load_snapshot
 from .analysis import DeviceModel, StackTable
@@ -175,6 +177,19 @@ def _timeline(m: DeviceModel, out: _Out, caps: dict) -> dict | None:
         "ooms": [[o["index"], o["size"], o["device_free"], out.stack(o["stack"])]
                  for o in m.ooms[:100]],
     }
+
+
+def _categories(snap: dict, m: DeviceModel, timeline: dict | None) -> dict | None:
+    """Bytes per category at the timeline's samples (snapshots recorded with
+    categories only): the stacked-by-category view."""
+    cats = category_report.allocation_categories(snap, m)
+    if cats is None or not timeline:
+        return None
+    curves = category_report.category_curves(m, cats, timeline["ev"])
+    names = [n for n in curves if any(curves[n])]
+    return {"names": names, "series": [curves[n] for n in names],
+            "at_peak": category_report.breakdown(m, cats, m.peak_index),
+            "at_end": category_report.breakdown(m, cats, m.n_events - 1)}
 
 
 def _segments(snap: dict, dev: int, m: DeviceModel, out: _Out, caps: dict) -> dict:
@@ -318,6 +333,7 @@ def build_payload(snap: dict, name: str, device: int | None = None,
                      f"that was not allocated, or an address allocated twice).")
     return {"version": 1, "file": name, "device": dev, "devices": devices,
             "header": _header(snap, dev, m), "notes": notes, "timeline": timeline,
+            "categories": _categories(snap, m, timeline),
             "segments": segments, "table": table, "frames": out.frames,
             "stacks": out.stacks, "stack_site": out.stack_site, "sites": out.sites}
 
@@ -357,9 +373,11 @@ def render_html(payload_json: str, title: str) -> str:
     """The page: viewer.html with the style, script and data put in (one pass)."""
     from html import escape
     parts = {"TITLE": escape(title), "STYLE": _static("viewer.css"),
-             "SCRIPT": _static("viewer.js").replace("</", "<\\/"), "DATA": payload_json}
-    return re.sub(r"\{\{(TITLE|STYLE|SCRIPT|DATA)\}\}", lambda mo: parts[mo.group(1)],
-                  _static("viewer.html"))
+             "SCRIPT": _static("viewer.js").replace("</", "<\\/"),
+             "CATEGORIES": _static("viewer_categories.js").replace("</", "<\\/"),
+             "DATA": payload_json}
+    return re.sub(r"\{\{(TITLE|STYLE|SCRIPT|CATEGORIES|DATA)\}\}",
+                  lambda mo: parts[mo.group(1)], _static("viewer.html"))
 
 
 def default_output(snapshot: str) -> str:

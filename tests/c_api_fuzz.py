@@ -133,7 +133,8 @@ def fuzz_history(rng, a):
     C._hist_configure(2, 3, True, 1000)
     for name in ("_hist_capture", "_hist_traceback", "_hist_set_metadata",
                  "_hist_backward_exit", "_hist_backward_enter", "_hist_get_metadata",
-                 "_hist_config", "_hist_counts", "_hist_overhead_bytes", "_hist_snapshot"):
+                 "_hist_config", "_hist_counts", "_hist_overhead_bytes", "_hist_snapshot",
+                 "_hist_seq"):
         for args in arg_lists(2, rng, 50):
             call(getattr(C, name), *args)
             if name == "_hist_backward_exit":  # whatever context it left, allocations work
@@ -146,6 +147,8 @@ def fuzz_history(rng, a):
         p = call(a.malloc, 1000)
         call(C._hist_snapshot)
         call(C._hist_snapshot, clamp=True)
+        call(C._hist_snapshot, clamp=True, seqs=True)
+        call(C._hist_seq, tb)
         if p:
             call(a.free, p)
     call(C._hist_set_metadata, "m" * (1 << 20))
@@ -333,7 +336,7 @@ def main(argv):
              "default_settings", "cuda_last_result", "cuda_open", "_hist_configure",
              "_hist_config", "_hist_snapshot", "_hist_traceback", "_hist_set_metadata",
              "_hist_get_metadata", "_hist_overhead_bytes", "_hist_counts",
-             "_hist_backward_enter", "_hist_backward_exit", "_hist_capture"}
+             "_hist_backward_enter", "_hist_backward_exit", "_hist_capture", "_hist_seq"}
     entry_points = {n for n in dir(C) if callable(getattr(C, n)) and not n.startswith("__")}
     unknown = entry_points - known - NOT_CALLED
     assert not unknown, f"gpumem._C entry points the fuzzer does not call: {sorted(unknown)}"

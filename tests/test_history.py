@@ -366,7 +366,8 @@ def test_torch_signatures_and_legacy_form():
     history._record_memory_history()
     cfg = history.recording_config()
     assert cfg == {"enabled": "all", "context": "all", "stacks": "all",
-                   "max_entries": sys.maxsize, "skip_actions": []}
+                   "max_entries": sys.maxsize, "skip_actions": [],
+                   "categories": False}
     history._record_memory_history("state", "alloc", "python", 50, None, True)
     cfg = history.recording_config()
     assert (cfg["enabled"], cfg["context"], cfg["stacks"], cfg["max_entries"]) == (
@@ -533,3 +534,27 @@ def test_allocations_from_a_c_thread_are_recorded_without_frames():
 def test_capsule_api_is_exported():
     assert type(_C._hist_api).__name__ == "PyCapsule"
     assert "gpumem._C._hist_api" in repr(_C._hist_api)
+
+
+def test_event_numbers_name_each_recorded_event():
+    """_C._hist_seq counts the events recorded on a device, and a snapshot's
+    seqs give the number of its oldest event: what gpumem.categories uses to
+    place its tags between events (Note [Categories follow the allocation])."""
+    a = _C.Allocator()
+    a.free(a.malloc(512))                         # the segment exists: later mallocs are cached
+    history.record_memory_history(max_entries=4, clear_history=True)
+    before = _C._hist_seq(0)
+    p = a.malloc(512)
+    assert _C._hist_seq(0) == before + 1          # one alloc event
+    a.free(p)                                     # free_requested + free_completed
+    assert _C._hist_seq(0) == before + 3
+    for _ in range(3):
+        a.free(a.malloc(512))
+    seq = _C._hist_seq(0)
+    segments, traces, _settings, first = _C._hist_snapshot(seqs=True)
+    assert len(traces[0]) == 4                    # the ring keeps the newest 4
+    assert first[0] == seq - 4
+    assert _C._hist_seq(0) == seq + 1             # the snapshot marker came after the copy
+    assert len(_C._hist_snapshot()) == 3          # without seqs: torch's three parts
+    with pytest.raises(ValueError):
+        _C._hist_seq(-1)

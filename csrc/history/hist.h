@@ -106,6 +106,9 @@ typedef struct gm_hist_copy {
     int ndev;                /* device_traces has this many lists */
     size_t nev[GM_HIST_MAX_DEVICES];
     gm_hist_event_t *ev[GM_HIST_MAX_DEVICES]; /* oldest first */
+    /* events ever pushed to the device's ring when it was copied: the oldest
+     * copied event is number seq_end - nev (gm_hist_seq's numbering) */
+    uint64_t seq_end[GM_HIST_MAX_DEVICES];
     int has_settings;
     gm_settings_t settings;  /* of the registered allocator on the lowest device */
 } gm_hist_copy_t;
@@ -117,6 +120,12 @@ typedef struct gm_hist_copy {
  * released. 0 or GM_ENOMEM. */
 int gm_hist_copy(gm_hist_copy_t *out);
 void gm_hist_copy_free(gm_hist_copy_t *c);
+
+/* Events pushed so far to device d's ring (never reset, also not by a clear
+ * or a takeover): the next event recorded there gets this number. Lets a
+ * caller name the point in the history where something happened (gpumem's
+ * categories tag allocations so). 0 for a device outside the range. */
+uint64_t gm_hist_seq(int device);
 
 /* Bytes held by the rings (allocated chunks and their index). */
 size_t gm_hist_ring_bytes(void);

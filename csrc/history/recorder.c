@@ -269,6 +269,7 @@ static int copy_ring_unlocked(walk_ctx_t *w) {
         gm_ring_copy(r, ev);
     w->out->ev[w->device] = ev;
     w->out->nev[w->device] = r->count;
+    w->out->seq_end[w->device] = r->seq;
     w->ring_copied = 1;
     return GM_OK;
 }
@@ -419,6 +420,16 @@ void gm_hist_copy_free(gm_hist_copy_t *c) {
     for (int d = 0; d < GM_HIST_MAX_DEVICES; d++)
         free(c->ev[d]);
     memset(c, 0, sizeof *c);
+}
+
+uint64_t gm_hist_seq(int device) {
+    if (device < 0 || device >= GM_HIST_MAX_DEVICES)
+        return 0;
+    ensure_slots();
+    pthread_mutex_lock(&slots[device].ring_lock);
+    uint64_t n = slots[device].ring.seq;
+    pthread_mutex_unlock(&slots[device].ring_lock);
+    return n;
 }
 
 size_t gm_hist_ring_bytes(void) {

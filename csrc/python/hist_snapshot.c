@@ -147,11 +147,26 @@ fail:
     return NULL;
 }
 
-/* _C._hist_snapshot(clamp=False) -> (segments, device_traces, settings) */
+/* A list of the number (gm_hist_seq's) of each device's oldest copied event. */
+static PyObject *first_seqs(const gm_hist_copy_t *c) {
+    PyObject *l = PyList_New(c->ndev);
+    for (int d = 0; l && d < c->ndev; d++) {
+        PyObject *n = PyLong_FromUnsignedLongLong(c->seq_end[d] - c->nev[d]);
+        if (!n) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, d, n);
+    }
+    return l;
+}
+
+/* _C._hist_snapshot(clamp=False, seqs=False) -> (segments, device_traces,
+ * settings) and, with seqs, a fourth item: first_seqs(). */
 static PyObject *py_snapshot(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"clamp", NULL};
-    int clamp = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p", kwlist, &clamp))
+    static char *kwlist[] = {"clamp", "seqs", NULL};
+    int clamp = 0, seqs = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|pp", kwlist, &clamp, &seqs))
         return NULL;
     gm_hist_copy_t c;
     int rc;
@@ -165,6 +180,14 @@ static PyObject *py_snapshot(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (gm_frames_init(&b, clamp) == 0) {
         result = build(&c, &b);
         gm_frames_free(&b);
+    }
+    if (result && seqs) {
+        PyObject *first = first_seqs(&c);
+        PyObject *r4 = first ? Py_BuildValue("(OOON)", PyTuple_GET_ITEM(result, 0),
+                                             PyTuple_GET_ITEM(result, 1),
+                                             PyTuple_GET_ITEM(result, 2), first)
+                             : NULL;
+        Py_SETREF(result, r4);
     }
     gm_hist_copy_free(&c);
     return result;
@@ -239,6 +262,17 @@ static PyObject *py_overhead(PyObject *self, PyObject *unused) {
     return PyLong_FromSize_t(gm_hist_ring_bytes() + gm_intern_bytes());
 }
 
+/* _C._hist_seq(device) -> events pushed so far to that device's ring */
+static PyObject *py_seq(PyObject *self, PyObject *arg) {
+    long d = PyLong_AsLong(arg);
+    if (d == -1 && PyErr_Occurred())
+        return NULL;
+    if (d < 0 || d >= GM_HIST_MAX_DEVICES)
+        return PyErr_Format(PyExc_ValueError, "device must be in [0, %d), not %ld",
+                            GM_HIST_MAX_DEVICES, d);
+    return PyLong_FromUnsignedLongLong(gm_hist_seq((int)d));
+}
+
 static PyObject *py_counts(PyObject *self, PyObject *unused) {
     uint32_t t, f, s;
     gm_intern_counts(&t, &f, &s);
@@ -254,7 +288,9 @@ static PyMethodDef snapshot_methods[] = {
      "skip_mask=0): levels as ints (see gpumem.history)"},
     {"_hist_config", py_config, METH_NOARGS, "The recording configuration in force."},
     {"_hist_snapshot", (PyCFunction)(void (*)(void))py_snapshot, METH_VARARGS | METH_KEYWORDS,
-     "_hist_snapshot(clamp=False) -> (segments, device_traces, settings or None)"},
+     "_hist_snapshot(clamp=False, seqs=False) -> (segments, device_traces, settings or None"
+     "[, number of each device's oldest event])"},
+    {"_hist_seq", py_seq, METH_O, "_hist_seq(device) -> events recorded so far on the device"},
     {"_hist_traceback", py_traceback, METH_O, "_hist_traceback(id) -> frames, innermost first"},
     {"_hist_set_metadata", py_set_metadata, METH_O, "Set this thread's user_metadata string."},
     {"_hist_get_metadata", py_get_metadata, METH_NOARGS, "This thread's user_metadata string."},

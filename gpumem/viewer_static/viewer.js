@@ -645,6 +645,9 @@
   // Read-only hooks for tests and for the curious (console).
   window.gpumemView = {
     data: D,
+    fmtBytes: fmtBytes,   // shared with viewer_categories.js
+    showTip: showTip,
+    hideTip: hideTip,
     // Milliseconds to draw both canvases again (the cost of a zoom or a resize).
     redraw: function () {
       var t = performance.now();

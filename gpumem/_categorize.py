@@ -1,0 +1,158 @@
+"""Categories of recorded allocations: the table a snapshot carries, worked out
+from the event trace and what the torch hooks (gpumem.categories) noted.
+
+Pure Python, no torch: it takes one device's events, the number of its oldest
+event in the ring's numbering (``_C._hist_seq``), the tags noted while
+recording, ``(seq, addr, role)``, and the phase changes, ``(seq, phase)``, and
+gives each event the category of the allocation it belongs to.
+
+Note [Categories follow the allocation]
+Rationale: torch reuses a block as soon as it is freed, so a category keyed by
+  address alone would give an activation the gradient's category when
+  zero_grad(set_to_none=True) hands the gradient's memory to the next forward.
+Approach: a tag made at seq t names the allocation live at its address at t:
+  the last ``alloc`` before t that no free has ended.  Events are numbered in
+  the ring's numbering, which no clear and no takeover resets, so tags and
+  events order exactly even across threads (a tensor is tagged after the
+  event that allocated it was pushed).  A tag that finds no live allocation in
+  the window names a block allocated before it (a parameter created before
+  recording): it is kept for that address until a free there ends it.
+  Untagged allocations take their category from the phase they happen in.
+Limitations: an event the ring failed to store (host memory exhausted)
+  shifts the numbering of the events before it; their categories may then be
+  wrong.  Allocations outside every phase and never tagged are 'unknown'.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Iterable, Optional
+
+__all__ = ["CATEGORIES", "ROLES", "PHASES", "TABLE_KEY", "resolve_device", "block_categories",
+           "phase_category"]
+
+#: Every category, in the order the table's indices use.
+CATEGORIES = ("parameter", "optimizer_state", "gradient", "activation", "input",
+              "temporary", "autograd_detail", "unknown")
+#: Roles a tag can give, strongest first (a parameter saved for backward is a parameter).
+ROLES = ("parameter", "gradient", "optimizer_state", "input", "activation")
+_RANK = {r: i for i, r in enumerate(ROLES)}
+#: Phases, as noted by the hooks.
+PHASES = ("other", "forward", "backward", "optimizer")
+#: The snapshot's top-level key (MemoryViz and _memory_viz ignore unknown top-level keys;
+#: a per-entry 'category' key would make MemoryViz colour by it).
+TABLE_KEY = "gpumem_categories"
+
+_ALLOC_ACTIONS = ("alloc",)
+_FREE_ACTIONS = ("free_requested", "free_completed")
+
+
+def phase_category(phase: str) -> str:
+    """The category of an untagged allocation made in ``phase``."""
+    return {"forward": "temporary", "backward": "autograd_detail",
+            "optimizer": "temporary"}.get(phase, "unknown")
+
+
+def _stronger(a: Optional[str], b: str) -> str:
+    return b if a is None or _RANK[b] < _RANK[a] else a
+
+
+def resolve_device(events: list, first_seq: int, tags: Iterable[tuple],
+                   phases: Iterable[tuple]) -> tuple[list, list, dict]:
+    """Categories and phases of one device's events.
+
+    Returns (cats, phs, pre): cats[i] is the category index of event i when
+    it is an alloc, free_requested or free_completed (the allocation's), else
+    None; phs[i] the phase index the event happened in; pre maps addresses
+    of allocations made before the window (still live at its end, or freed in
+    it) to the role their tags gave.
+    """
+    tags = sorted(tags)
+    phases = sorted(phases)
+    phase_seqs = [p[0] for p in phases]
+    n = len(events)
+    role: list[Optional[str]] = [None] * n       # by alloc index
+    live: dict[int, int] = {}                    # addr -> alloc index
+    pre: dict[int, str] = {}                     # addr -> role (allocated before the window)
+    pre_gone: set[int] = set()                   # pre-window blocks freed in the window
+    phs: list[int] = [0] * n
+    ti = 0
+    for i, e in enumerate(events):
+        seq = first_seq + i
+        while ti < len(tags) and tags[ti][0] <= seq:
+            _, addr, r = tags[ti]
+            ti += 1
+            j = live.get(addr)
+            if j is not None:
+                role[j] = _stronger(role[j], r)
+            elif addr not in pre_gone:
+                pre[addr] = _stronger(pre.get(addr), r)
+        k = bisect.bisect_right(phase_seqs, seq) - 1
+        phs[i] = PHASES.index(phases[k][1]) if k >= 0 else 0
+        act = e.get("action")
+        if act in _ALLOC_ACTIONS:
+            live[e["addr"]] = i
+        elif act == "free_requested":
+            if live.pop(e["addr"], None) is None:
+                pre_gone.add(e["addr"])
+    for _, addr, r in tags[ti:]:   # tags after the last event
+        j = live.get(addr)
+        if j is not None:
+            role[j] = _stronger(role[j], r)
+        elif addr not in pre_gone:
+            pre[addr] = _stronger(pre.get(addr), r)
+    return _fill(events, role, phs, pre), phs, pre
+
+
+def _fill(events: list, role: list, phs: list, pre: dict) -> list:
+    cats: list[Optional[int]] = [None] * len(events)
+    open_: dict[int, int] = {}   # addr -> category of the live allocation
+    for i, e in enumerate(events):
+        act = e.get("action")
+        if act in _ALLOC_ACTIONS:
+            c = role[i] or phase_category(PHASES[phs[i]])
+            cats[i] = open_[e["addr"]] = CATEGORIES.index(c)
+        elif act in _FREE_ACTIONS:
+            addr = e["addr"]
+            c = open_.get(addr)
+            if c is None:
+                c = CATEGORIES.index(pre.get(addr, "unknown"))
+            cats[i] = c
+            if act == "free_completed":
+                open_.pop(addr, None)
+    return cats
+
+
+def block_categories(segments: list, device_traces: list, cats: list, pres: list) -> list:
+    """Per segment, per block: the category index of each active block, else None.
+
+    A block is matched to the last alloc at its address in its device's
+    trace that no free_requested has ended; one allocated before the window
+    takes its pre-window tags (or 'unknown')."""
+    live_by_dev = []
+    for d, events in enumerate(device_traces):
+        live: dict[int, int] = {}
+        for i, e in enumerate(events):
+            if e.get("action") in _ALLOC_ACTIONS:
+                live[e["addr"]] = cats[d][i]
+            elif e.get("action") == "free_requested":
+                live.pop(e["addr"], None)
+        live_by_dev.append(live)
+    unknown = CATEGORIES.index("unknown")
+    out = []
+    for seg in segments:
+        d = seg.get("device", 0)
+        live = live_by_dev[d] if d < len(live_by_dev) else {}
+        pre = pres[d] if d < len(pres) else {}
+        row = []
+        for b in seg.get("blocks", []):
+            if b.get("state") == "inactive":
+                row.append(None)
+                continue
+            addr = b.get("address")
+            c = live.get(addr)
+            if c is None:
+                c = CATEGORIES.index(pre[addr]) if addr in pre else unknown
+            row.append(c)
+        out.append(row)
+    return out
