@@ -3,8 +3,8 @@
     python benchmarks/categories_vs_torch.py [--json] [--steps 3] [--model transformer|resnet50]
 
 One process on the simulated GPU (gpumem.sim), gpumem installed: a training
-loop (a Transformer encoder + AdamW, or torchvision's ResNet50 + AdamW with
-cuDNN off, as the simulator has none: torch's own convolution kernels) runs under torch.profiler.profile(profile_memory=True,
+loop (a Transformer encoder + AdamW, or torchvision's ResNet50 + AdamW, its
+convolutions and batch norm through the simulator's cuDNN) runs under torch.profiler.profile(profile_memory=True,
 record_shapes=True, with_stack=True) while gpumem records with
 categories=True.  Both see the same allocations: gpumem's allocator reports
 each block to the profiler (c10::reportMemoryUsageToProfiler, with the
@@ -50,7 +50,6 @@ model_name, steps, tests_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 if model_name == "resnet50":
     import torchvision
-    torch.backends.cudnn.enabled = False   # the simulator has no cuDNN: torch's own kernels
     model = torchvision.models.resnet50().cuda()
     x = torch.randn(8, 3, 224, 224, device="cuda")
     def loss_of(out): return out.float().pow(2).mean()
