@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from test_sim_helpers import HAVE_CC, ROOT, needs_torch, run_sim, sim_lib_dir
-from test_torch_common import _env, built_shim, run_gm
+from test_torch_common import run_gm
 
 CUDNN = ROOT / "csrc" / "sim" / "cudnn"
 EXIT = "\nimport sys as _sys, os as _os\n_sys.stdout.flush(); _os._exit(0)\n"
@@ -554,59 +553,5 @@ def test_bf16_attention_on_the_cudnn_backend():
     assert out["default_fn"] == "ScaledDotProductCudnnAttentionBackward0"
 
 
-def _seed_resnet50(tmp_path) -> Path:
-    """Appendix A of seed 000, verbatim."""
-    text = (ROOT.parent / "shared" / "seeds" / "000_74f0659cfc5d84e6.txt")
-    if not text.is_file():
-        pytest.skip("the seed articles (../shared/seeds) are not here")
-    body = text.read_text()
-    section = body[body.index("### Appendix A - ResNet50"):body.index("### Appendix B")]
-    start = section.index("```") + 3
-    code = section[start:section.index("```", start)].lstrip("\n")
-    path = tmp_path / "resnet50.py"
-    path.write_text(code)
-    return path
-
-
-def _snapshot_opens(snap: Path, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "gpumem", "view", str(snap), "-o",
-                           str(tmp_path / "view.html")], capture_output=True, text=True,
-                          env=_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "view.html").stat().st_size > 10000
-    proc = subprocess.run([sys.executable, "-c", "import pickle, sys\n"
-                           "from torch.cuda import _memory_viz as v\n"
-                           "html = v.trace_plot(pickle.load(open(sys.argv[1], 'rb')))\n"
-                           "print(len(html))", str(snap)],
-                          capture_output=True, text=True, env=_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert int(proc.stdout.split()[-1]) > 10000
-
-
-@needs_torch
-@pytest.mark.slow
-@pytest.mark.parametrize("allocator", ["torch", "gpumem"])
-def test_seed_000_resnet50_runs_with_cudnn(tmp_path, allocator):
-    pytest.importorskip("torchvision")
-    script = _seed_resnet50(tmp_path)
-    if allocator == "gpumem":
-        built_shim()
-        cmd = [sys.executable, "-m", "gpumem", "simulate", "--out", str(tmp_path / "out"), "--",
-               sys.executable, str(script)]
-    else:
-        cmd = [sys.executable, "-m", "gpumem.sim", "--report", str(tmp_path / "report.json"),
-               "--", sys.executable, str(script)]
-    env = _env({"GPUMEM_SIM_LOG": "-"})
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
-    assert "Saving snapshot to local file" in proc.stderr
-    assert "cuDNN error" not in proc.stderr and "libcudnn.so.9: status" not in proc.stderr
-    (snap,) = [p for p in tmp_path.glob("*.pickle")]
-    with open(snap, "rb") as f:
-        data = pickle.load(f)
-    allocs = [e for t in data["device_traces"] for e in t if e["action"] == "alloc"]
-    assert len(allocs) > 1000
-    _snapshot_opens(snap, tmp_path)
-    if allocator == "gpumem":
-        assert "fits in 80 GiB: yes" in proc.stdout
-        assert "cuDNN RNNs" in proc.stdout
+# seed 000's ResNet-50 scripts (appendices A and B, verbatim, both allocators):
+# tests/test_seed_scripts.py
