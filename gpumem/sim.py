@@ -22,8 +22,10 @@ Options (also environment variables the fakes read, set by the launcher):
   --memory SIZE     capacity of each device (GPUMEM_SIM_MEMORY; default 80GiB)
   --devices N       number of devices (GPUMEM_SIM_DEVICES; default 1)
   --events MODE     when recorded events complete (GPUMEM_SIM_EVENTS):
-                    immediate (default), never (until synchronized), after:N
-                    (after N polls), to exercise record_stream reuse honestly
+                    timeline (default: kernels, copies and memsets take
+                    simulated time on their stream; an event completes when
+                    the simulated host clock reaches it), immediate, never
+                    (until synchronized), after:N (after N polls)
   --log PATH|-      note every unimplemented CUDA call once (GPUMEM_SIM_LOG)
   --report PATH     write a JSON report at exit (GPUMEM_SIM_REPORT): calls made,
                     device capacity, peak and leaks per device
@@ -83,9 +85,9 @@ def parse_size(text: Union[str, int]) -> int:
 
 
 def _check_events(mode: str) -> str:
-    if mode in ("immediate", "never") or re.fullmatch(r"after:\d+", mode):
+    if mode in ("timeline", "immediate", "never") or re.fullmatch(r"after:\d+", mode):
         return mode
-    raise SimError(f"bad event mode {mode!r}: use immediate, never or after:N")
+    raise SimError(f"bad event mode {mode!r}: use timeline, immediate, never or after:N")
 
 
 def _load_builder():
@@ -219,7 +221,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--memory", default=None,
                     help="capacity per device, e.g. 80GiB (default: the model's memory)")
     ap.add_argument("--devices", type=int, default=None, help="number of devices (default 1)")
-    ap.add_argument("--events", default=None, help="immediate | never | after:N (default immediate)")
+    ap.add_argument("--events", default=None, help="timeline | immediate | never | after:N (default timeline)")
     ap.add_argument("--log", default=None, metavar="PATH|-",
                     help="log unimplemented CUDA calls once each ('-' for stderr)")
     ap.add_argument("--report", default=None, metavar="PATH", help="write a JSON report at exit")

@@ -11,9 +11,13 @@
  * which must hand back exactly what was pushed, then __cudaLaunchKernel.
  * The stack is per thread (launches happen on autograd threads too).
  *
- * A launch only checks its stream, counts itself and returns cudaSuccess.
- * Device memory is never touched, so the output of a kernel is whatever the
- * memory held (zeros for fresh memory).
+ * A launch checks its stream, counts itself and hands its simulated work to
+ * the fake driver's timeline (fakecuda_launch): a fixed cost per kernel,
+ * except torch's _sleep kernel (at::cuda::sleep's spin_kernel(int64_t
+ * cycles), recognised by the device name it is registered with), which
+ * takes its cycles at the GPU's clock. Device memory is never touched, so
+ * the output of a kernel is whatever the memory held (zeros for fresh
+ * memory).
  *
  * __device__ variables: every __cudaRegisterVar is remembered (host
  * address -> size); the symbol's "device" copy is host memory allocated on
@@ -26,6 +30,18 @@
 #include <string.h>
 
 static uint64_t n_fatbins, n_functions, n_vars, n_launches;
+/* The host stub of torch's _sleep kernel, once registered (atomic). */
+static const void *sleep_kernel;
+
+/* torch's at::cuda::sleep kernel: spin_kernel(int64_t) in Sleep.cu, whose
+ * mangled name has an anonymous namespace named after the file. */
+static int is_sleep_kernel(const char *name)
+{
+    static const char tail[] = "11spin_kernelEl";
+    size_t n = name ? strlen(name) : 0, t = sizeof tail - 1;
+    return n > t && !strcmp(name + n - t, tail) && strstr(name, "Sleep_cu") &&
+           !strncmp(name, "_ZN2at4cuda", 11);
+}
 
 /* ------------------------------------------------------------------ */
 /* registration                                                         */
@@ -71,8 +87,10 @@ RT_API void CUDARTAPI __cudaRegisterFunction(void **fatCubinHandle, const char *
                                              dim3 *gDim, int *wSize)
 {
     SIM_ENTRY("__cudaRegisterFunction");
-    (void)fatCubinHandle, (void)hostFun, (void)deviceFun, (void)deviceName, (void)thread_limit;
+    (void)fatCubinHandle, (void)deviceFun, (void)thread_limit;
     (void)tid, (void)bid, (void)bDim, (void)gDim, (void)wSize;
+    if (is_sleep_kernel(deviceName))
+        __atomic_store_n(&sleep_kernel, (const void *)hostFun, __ATOMIC_RELEASE);
     __atomic_fetch_add(&n_functions, 1, __ATOMIC_RELAXED);
 }
 
@@ -272,9 +290,9 @@ RT_API cudaError_t CUDARTAPI __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blo
 /* launches                                                             */
 
 /* The checks a real launch makes before it is queued. */
-static cudaError_t launch(const void *func, dim3 grid, dim3 block, cudaStream_t stream)
+static cudaError_t launch(const void *func, dim3 grid, dim3 block, cudaStream_t stream,
+                          void **args)
 {
-    unsigned int flags;
     cudaError_t e = rt_ctx();
     if (e != cudaSuccess)
         return rt_err(e);
@@ -284,7 +302,10 @@ static cudaError_t launch(const void *func, dim3 grid, dim3 block, cudaStream_t 
         block.z == 0 || (unsigned long long)block.x * block.y * block.z > 1024 || grid.y > 65535 ||
         grid.z > 65535 || block.z > 64)
         return rt_err(cudaErrorInvalidConfiguration);
-    if ((e = rt_cu(cuStreamGetFlags(stream, &flags))) != cudaSuccess)
+    long long cycles = -1;
+    if (func == __atomic_load_n(&sleep_kernel, __ATOMIC_ACQUIRE) && args && args[0])
+        memcpy(&cycles, args[0], sizeof cycles);
+    if ((e = rt_cu(fakecuda_launch(stream, cycles < 0 ? -1 : cycles))) != cudaSuccess)
         return e;
     __atomic_fetch_add(&n_launches, 1, __ATOMIC_RELAXED);
     return cudaSuccess;
@@ -312,8 +333,8 @@ RT_API cudaError_t CUDARTAPI __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDi
                                                 void **args, size_t sharedMem, cudaStream_t stream)
 {
     SIM_ENTRY("__cudaLaunchKernel");
-    (void)args, (void)sharedMem;
-    return launch(kernel, gridDim, blockDim, stream);
+    (void)sharedMem;
+    return launch(kernel, gridDim, blockDim, stream, args);
 }
 
 RT_API cudaError_t CUDARTAPI __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim,
@@ -321,24 +342,24 @@ RT_API cudaError_t CUDARTAPI __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 g
                                                      cudaStream_t stream)
 {
     SIM_ENTRY("__cudaLaunchKernel_ptsz");
-    (void)args, (void)sharedMem;
-    return launch(kernel, gridDim, blockDim, rt_ptsz(stream));
+    (void)sharedMem;
+    return launch(kernel, gridDim, blockDim, rt_ptsz(stream), args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim,
                                               void **args, size_t sharedMem, cudaStream_t stream)
 {
     SIM_ENTRY("cudaLaunchKernel");
-    (void)args, (void)sharedMem;
-    return launch(func, gridDim, blockDim, stream);
+    (void)sharedMem;
+    return launch(func, gridDim, blockDim, stream, args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim,
                                                    void **args, size_t sharedMem, cudaStream_t stream)
 {
     SIM_ENTRY("cudaLaunchKernel_ptsz");
-    (void)args, (void)sharedMem;
-    return launch(func, gridDim, blockDim, rt_ptsz(stream));
+    (void)sharedMem;
+    return launch(func, gridDim, blockDim, rt_ptsz(stream), args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchCooperativeKernel(const void *func, dim3 gridDim,
@@ -346,8 +367,8 @@ RT_API cudaError_t CUDARTAPI cudaLaunchCooperativeKernel(const void *func, dim3 
                                                          size_t sharedMem, cudaStream_t stream)
 {
     SIM_ENTRY("cudaLaunchCooperativeKernel");
-    (void)args, (void)sharedMem;
-    return launch(func, gridDim, blockDim, stream);
+    (void)sharedMem;
+    return launch(func, gridDim, blockDim, stream, args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchCooperativeKernel_ptsz(const void *func, dim3 gridDim,
@@ -355,28 +376,26 @@ RT_API cudaError_t CUDARTAPI cudaLaunchCooperativeKernel_ptsz(const void *func, 
                                                               size_t sharedMem, cudaStream_t stream)
 {
     SIM_ENTRY("cudaLaunchCooperativeKernel_ptsz");
-    (void)args, (void)sharedMem;
-    return launch(func, gridDim, blockDim, rt_ptsz(stream));
+    (void)sharedMem;
+    return launch(func, gridDim, blockDim, rt_ptsz(stream), args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func,
                                                  void **args)
 {
     SIM_ENTRY("cudaLaunchKernelExC");
-    (void)args;
     if (!config)
         return rt_err(cudaErrorInvalidValue);
-    return launch(func, config->gridDim, config->blockDim, config->stream);
+    return launch(func, config->gridDim, config->blockDim, config->stream, args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t *config,
                                                       const void *func, void **args)
 {
     SIM_ENTRY("cudaLaunchKernelExC_ptsz");
-    (void)args;
     if (!config)
         return rt_err(cudaErrorInvalidValue);
-    return launch(func, config->gridDim, config->blockDim, rt_ptsz(config->stream));
+    return launch(func, config->gridDim, config->blockDim, rt_ptsz(config->stream), args);
 }
 
 /* ------------------------------------------------------------------ */

@@ -135,6 +135,10 @@ typedef struct fc_device fc_device_t;
 struct CUctx_st {
     int device;                 /* immutable after init */
     int refcount;               /* primary-context retains outstanding */
+    /* Note [Device timeline], simulated ns; protected by fc.mu */
+    uint64_t tl_legacy;         /* ready time of the legacy (and per-thread) stream */
+    uint64_t tl_blocking;       /* >= every blocking stream's ready time */
+    uint64_t tl_all;            /* >= every stream's ready time */
 };
 
 struct fc_device {
@@ -194,6 +198,7 @@ typedef struct {
     struct CUctx_st *ctx;
     unsigned int flags;
     int priority;               /* clamped into [FC_PRIO_GREATEST, FC_PRIO_LEAST] */
+    uint64_t tl_ready;          /* when its enqueued work is done (timeline mode) */
 } fc_stream_t;
 
 /* Stream priorities, as an H100 reports them (cuCtxGetStreamPriorityRange). */
@@ -206,9 +211,17 @@ typedef struct {
     int sm_count, cc_major, cc_minor, threads_per_sm, blocks_per_sm;
     int smem_per_sm, smem_per_block_optin, l2_bytes, regs_per_sm;
     int clock_khz, mem_clock_khz, bus_bits;
+    int mem_bw_gbs, pcie_gbs;   /* memory and host-link bandwidth, GB/s (one way) */
+    int context_mib;            /* what an active primary context holds; 0: none */
 } fc_gpu_t;
 
-enum { FC_EV_IMMEDIATE, FC_EV_NEVER, FC_EV_AFTER };
+/* timeline (the default) first, so that a zeroed state means it */
+enum { FC_EV_TIMELINE, FC_EV_IMMEDIATE, FC_EV_NEVER, FC_EV_AFTER };
+
+/* The cost model of Note [Device timeline] (fakecuda_timeline.c), ns. */
+#define FC_TL_HOST_CALL_NS 1000 /* host time of every driver call */
+#define FC_TL_KERNEL_NS 5000    /* device time of a kernel */
+#define FC_TL_COPY_NS 2000      /* fixed device time of a copy or memset */
 
 typedef struct {
     uint64_t handle;
@@ -219,6 +232,8 @@ typedef struct {
     long remaining;             /* FC_EV_AFTER: NOT_READY answers left; -1: never */
     uint64_t stream_key;        /* which stream the last record captured */
     double recorded_ms;         /* CLOCK_MONOTONIC at the last record, for elapsed time */
+    int timed;                  /* recorded in timeline mode: complete when host_ns >= t_ns */
+    uint64_t t_ns;              /* the stream's ready time at the record (timeline) */
 } fc_event_t;
 
 typedef struct {
@@ -242,6 +257,7 @@ typedef struct {
     long report_pid;            /* only this process writes the report */
     int ev_mode;
     long ev_after;
+    uint64_t host_ns;           /* the simulated host clock (Note [Device timeline]) */
     fc_device_t dev[FC_MAX_DEVICES];
 
     uint64_t calls[FN_COUNT];     /* reported; reset by fakecuda_reset_counters */
@@ -334,6 +350,18 @@ void fc_sync_complete_all_unlocked(void);
 int fc_parse_event_mode(const char *s, int *mode, long *after);
 size_t fc_sync_pending_events_unlocked(int dev);
 int fc_sync_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
+
+/* fakecuda_timeline.c (Note [Device timeline]); enqueue and copy do
+ * nothing outside the timeline mode. */
+uint64_t fc_tl_ready_unlocked(struct CUctx_st *ctx, uint64_t key);
+void fc_tl_enqueue_unlocked(struct CUctx_st *ctx, uint64_t key, uint64_t cost_ns);
+void fc_tl_wait_unlocked(struct CUctx_st *ctx, uint64_t key, uint64_t t);
+void fc_tl_host_wait_unlocked(uint64_t t);
+uint64_t fc_tl_kernel_ns(long long cycles);
+uint64_t fc_tl_copy_ns(size_t n, int dev_dst, int dev_src);
+/* A copy (src 0: a memset) on stream h of the current context; the host
+ * waits for it if host_waits and host memory is involved. */
+void fc_tl_copy_unlocked(CUstream h, uint64_t dst, uint64_t src, size_t n, int host_waits);
 
 /* report string builder (fakecuda_report.c) */
 /* JSON for the report goes through simjson.h's builder (sb is a sim_sb_t *). */

@@ -241,6 +241,7 @@ FC_API CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHo
     if (!srcHost || !fc_accessible_unlocked(dstDevice, ByteCount, 1))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+    fc_tl_copy_unlocked(NULL, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount, 1);
     FC_END();
 }
 
@@ -255,6 +256,7 @@ FC_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, si
     if (!dstHost || !fc_accessible_unlocked(srcDevice, ByteCount, 0))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+    fc_tl_copy_unlocked(NULL, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount, 1);
     FC_END();
 }
 
@@ -269,6 +271,7 @@ FC_API CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, s
     if (!fc_accessible_unlocked(dstDevice, N, 1))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     memset((void *)(uintptr_t)dstDevice, uc, N);
+    fc_tl_copy_unlocked(NULL, dstDevice, 0, N, 0);
     FC_END();
 }
 

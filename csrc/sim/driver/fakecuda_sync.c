@@ -2,10 +2,14 @@
  * fakecuda_sync.c - streams and events of the fake CUDA driver, and
  * cuCtxSynchronize.
  *
- * No work ever runs, so "work in a stream" is represented only by the events
- * recorded on it. When a recorded event completes is set by the event mode
- * (GPUMEM_FAKECUDA_EVENTS, fakecuda_set_event_mode) in force when it was
- * recorded: see Note [Event completion].
+ * No work ever runs. In the timeline mode (the default) work has a
+ * simulated duration and an event completes when the host's simulated clock
+ * reaches its stream's time at the record (Note [Device timeline] in
+ * fakecuda_timeline.c). In the other modes "work in a stream" is
+ * represented only by the events recorded on it, and when a recorded event
+ * completes is set by the event mode (GPUMEM_FAKECUDA_EVENTS,
+ * fakecuda_set_event_mode) in force when it was recorded: see Note [Event
+ * completion].
  *
  * Invariants: streams and events belong to the context that was current when
  * they were created and die with it; handles are never reused; the special
@@ -24,7 +28,9 @@
  * Rationale: an allocator that reuses memory freed on another stream must
  * wait for an event; tests need that wait to be observable and
  * deterministic.
- * Approach: cuEventRecord captures the mode. "immediate": complete at once.
+ * Approach: cuEventRecord captures the mode. "timeline": complete when the
+ * simulated host clock reaches the time the record was given (Note [Device
+ * timeline]); host waits move that clock. "immediate": complete at once.
  * "never": incomplete until cuEventSynchronize, cuStreamSynchronize of its
  * stream, cuCtxSynchronize of its context, or fakecuda_complete_events().
  * "after:N": the first N polls answer CUDA_ERROR_NOT_READY and the next one
@@ -32,9 +38,9 @@
  * the stream it was recorded on. An event never recorded is complete
  * (documented: it "represents an empty set of work"); re-recording starts
  * over with the mode in force then.
- * Limitations: the legacy stream's implicit synchronisation with blocking
- * streams is not modelled; synchronising one stream completes only the
- * events recorded on that very stream.
+ * Limitations: outside the timeline mode, the legacy stream's implicit
+ * synchronisation with blocking streams is not modelled; synchronising one
+ * stream completes only the events recorded on that very stream.
  */
 
 #define KEY_LEGACY 1ull
@@ -72,6 +78,8 @@ static int poll_unlocked(fc_event_t *e)
 {
     if (!e->recorded || e->complete)
         return 1;
+    if (e->timed)
+        return e->complete = fc.host_ns >= e->t_ns;
     if (e->remaining > 0) {
         e->remaining--;
         return 0;
@@ -83,7 +91,10 @@ static int poll_unlocked(fc_event_t *e)
     return 0; /* "never" */
 }
 
-static int pending(const fc_event_t *e) { return e->recorded && !e->complete; }
+static int pending(const fc_event_t *e)
+{
+    return e->recorded && !e->complete && !(e->timed && fc.host_ns >= e->t_ns);
+}
 
 /* Complete (ctx, key) events; key 0 means every event of ctx. */
 static void complete_unlocked(struct CUctx_st *ctx, uint64_t key)
@@ -97,6 +108,8 @@ static void complete_unlocked(struct CUctx_st *ctx, uint64_t key)
 
 void fc_sync_complete_all_unlocked(void)
 {
+    for (int d = 0; d < fc.ndev; d++) /* the host waits for every device */
+        fc_tl_host_wait_unlocked(fc.dev[d].ctx.tl_all);
     for (size_t i = 0; i < fc.events.n; i++)
         ((fc_event_t *)fc.events.v[i].val)->complete = 1;
 }
@@ -153,6 +166,7 @@ static CUresult stream_create(int fn, CUstream *phStream, unsigned int Flags, in
     s->handle = hv;
     s->ctx = c;
     s->flags = Flags;
+    s->tl_ready = 0;
     /* documented: priorities outside the range are clamped into it */
     s->priority = priority > FC_PRIO_LEAST      ? FC_PRIO_LEAST
                   : priority < FC_PRIO_GREATEST ? FC_PRIO_GREATEST
@@ -301,6 +315,8 @@ FC_API CUresult CUDAAPI cuStreamQuery(CUstream hStream)
         if (e->ctx == sctx && e->stream_key == key && !poll_unlocked(e))
             busy = 1;
     }
+    if (fc.ev_mode == FC_EV_TIMELINE && fc_tl_ready_unlocked(sctx, key) > fc.host_ns)
+        busy = 1;
     if (busy)
         FC_FAIL(CUDA_ERROR_NOT_READY);
     FC_END();
@@ -315,6 +331,7 @@ FC_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
         goto done;
     if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
         goto done;
+    fc_tl_host_wait_unlocked(fc_tl_ready_unlocked(sctx, key));
     complete_unlocked(sctx, key);
     FC_END();
 }
@@ -325,6 +342,7 @@ FC_API CUresult CUDAAPI cuCtxSynchronize(void)
     struct CUctx_st *c;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
         goto done;
+    fc_tl_host_wait_unlocked(c->tl_all);
     complete_unlocked(c, 0);
     FC_END();
 }
@@ -382,7 +400,16 @@ static CUresult event_record(int fn, CUevent hEvent, CUstream hStream, unsigned 
     e->recorded = 1;
     e->stream_key = key;
     e->recorded_ms = now_ms();
+    e->timed = fc.ev_mode == FC_EV_TIMELINE;
+    if (e->timed) { /* at least now: an idle stream's event completes at once */
+        uint64_t t = fc_tl_ready_unlocked(sctx, key);
+        e->t_ns = t > fc.host_ns ? t : fc.host_ns;
+    }
     switch (fc.ev_mode) {
+    case FC_EV_TIMELINE:
+        e->complete = 0;
+        e->remaining = 0;
+        break;
     case FC_EV_IMMEDIATE:
         e->complete = 1;
         e->remaining = 0;
@@ -411,8 +438,9 @@ FC_API CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream,
     return event_record(FN_cuEventRecordWithFlags, hEvent, hStream, flags);
 }
 
-/* Nothing runs, so waiting adds no dependency: the stream's own events
- * still complete by the event mode. Only the arguments are checked. */
+/* In the timeline mode, the stream's later work starts after the event's
+ * time. Otherwise nothing runs, so waiting adds no dependency: the stream's
+ * own events still complete by the event mode. */
 FC_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
     FC_BEGIN(FN_cuStreamWaitEvent, 1);
@@ -422,10 +450,13 @@ FC_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsi
         goto done;
     if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
         goto done;
-    if (!fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent))
+    fc_event_t *e = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent);
+    if (!e)
         FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
     if (Flags & ~(unsigned int)CU_EVENT_WAIT_EXTERNAL)
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (e->recorded && e->timed && !e->complete)
+        fc_tl_wait_unlocked(sctx, key, e->t_ns);
     FC_END();
 }
 
@@ -448,7 +479,10 @@ FC_API CUresult CUDAAPI cuEventElapsedTime_v2(float *pMilliseconds, CUevent hSta
         FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
     if (pending(a) || pending(b))
         FC_FAIL(CUDA_ERROR_NOT_READY);
-    *pMilliseconds = (float)(b->recorded_ms - a->recorded_ms);
+    if (a->timed && b->timed) /* simulated time */
+        *pMilliseconds = (float)(((double)b->t_ns - (double)a->t_ns) / 1e6);
+    else
+        *pMilliseconds = (float)(b->recorded_ms - a->recorded_ms);
     FC_END();
 }
 
@@ -475,6 +509,8 @@ FC_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
     fc_event_t *e = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent);
     if (!e)
         FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if (e->recorded && e->timed)
+        fc_tl_host_wait_unlocked(e->t_ns);
     e->complete = 1;
     FC_END();
 }
