@@ -152,6 +152,8 @@ struct fc_device {
     size_t peak_used;           /* max of fc_used() */
     size_t n_allocs, n_handles, n_phys, n_reservations, n_mappings;
     size_t n_events, n_streams;
+    uint64_t va_base;           /* cuMemAlloc's address range, 0 until needed */
+    size_t va_size;             /* (fakecuda_va.c, Note [Device addresses]) */
 };
 
 /* Device memory in use: allocations, physical VMM memory, and the memory an
@@ -338,6 +340,11 @@ int fc_accessible_unlocked(uint64_t p, size_t n, int write);
  * unmapped part of a reservation, *size is 0) and 1; otherwise 0. */
 int fc_lookup_device_ptr_unlocked(uint64_t p, uint64_t *base, size_t *size, int *dev);
 int fc_mem_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
+
+/* fakecuda_va.c: place a cuMemAlloc of size bytes on dev (0; -1 when the
+ * range is full or mmap fails), and give its range back. */
+int fc_va_alloc_unlocked(int dev, size_t size, uint64_t *ptr, size_t *map_size);
+void fc_va_free_unlocked(uint64_t ptr, size_t map_size);
 
 /* fakecuda_sync.c */
 void fc_sync_reset_ctx_unlocked(struct CUctx_st *ctx);
