@@ -146,8 +146,10 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
             gpu: Optional[str] = None) -> Dict[str, str]:
     """The environment a process needs to run on the simulator.
 
-    gpu: a GPU model of gpumem.sim_gpus (default: the fake driver's own,
-    H100-SXM-80GB); its memory is the default for ``memory``.
+    gpu: a GPU model of gpumem.sim_gpus (default H100-SXM-80GB, unless
+    GPUMEM_SIM_GPU is already set); its memory is the default for
+    ``memory``, and its context memory is charged when CUDA initialises
+    (GPUMEM_SIM_CONTEXT_MEMORY overrides it).
 
     base: the environment to start from (default os.environ). The fakes go
     in front of any LD_PRELOAD already there; GPUMEM_LIBCUDA points gpumem's
@@ -161,8 +163,8 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
     env["LD_PRELOAD"] = ":".join(preload)
     env["GPUMEM_SIM_LIB_DIR"] = str(next(iter(libs.values())).parent)
     env["GPUMEM_LIBCUDA"] = str(libs["libcuda.so.1"])
+    from gpumem import sim_gpus
     if gpu is not None:
-        from gpumem import sim_gpus
         try:
             model = sim_gpus.lookup(gpu)
         except ValueError as e:
@@ -170,6 +172,10 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
         env["GPUMEM_SIM_GPU"] = sim_gpus.spec(model)
         if memory is None:
             memory = model["memory"]
+    elif not env.get("GPUMEM_SIM_GPU"):
+        # the default model, named so that its context memory and
+        # bandwidths apply (the bare driver charges no context)
+        env["GPUMEM_SIM_GPU"] = sim_gpus.spec(sim_gpus.lookup(sim_gpus.DEFAULT))
     if memory is not None:
         env["GPUMEM_SIM_MEMORY"] = str(parse_size(memory))
     if devices is not None:
