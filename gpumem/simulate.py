@@ -61,9 +61,10 @@ HELP = ("run a script on a simulated GPU with gpumem recording: peak memory, whe
 LIMITS = ("limits of the simulation: kernels compute nothing, so there are no numerical results "
           "(losses, accuracies and printed values are meaningless); shapes that depend on data "
           "(nonzero, boolean masks, unique, control flow on tensor values) are unreliable; no "
-          "cuDNN (convolutions and batch norm need torch.backends.cudnn.enabled = False); memory "
-          "outside torch's allocator (the CUDA context, NCCL, cudaMalloc by extensions) is not "
-          "counted; peaks are gpumem's allocator's, which rounds and caches like torch's")
+          "cuDNN (convolutions and batch norm need torch.backends.cudnn.enabled = False); the CUDA "
+          "context's memory is an estimate for the model (NVIDIA publishes none); other memory "
+          "outside torch's allocator (NCCL, cudaMalloc by extensions) is not counted; peaks are "
+          "gpumem's allocator's, which rounds and caches like torch's")
 
 
 _SITECUSTOMIZE = '''\
@@ -213,7 +214,8 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
     if verdict is None:
         verdict = {True: "yes", False: "no", None: "unknown"}[fits]
     return {"command": cmd, "exit_status": rc, "seconds": round(seconds, 3), "memory": memory,
-            "context_memory": context, "devices": devices, "out": out, "per_device": rows, "fits": fits, "fits_reason": why,
+            "context_memory": context, "devices": devices, "out": out, "per_device": rows,
+            "fits": fits, "fits_reason": why,
             "verdict": verdict,
             "snapshots": [p["snapshot"] for p in procs if p.get("snapshot")],
             "script_snapshots": sorted({f for p in procs for f in p.get("script_snapshots") or []}),

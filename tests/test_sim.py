@@ -316,3 +316,22 @@ def test_launcher_errors_and_exit_status(tmp_path):
     assert env.returncode == 0
     assert "export GPUMEM_SIM_EVENTS=after:3" in env.stdout
     assert "libcudart.so.13" in env.stdout and "export LD_PRELOAD=" in env.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config,want", [(None, 32 << 20),          # sm90's default, :4096:8
+                                         (":16:8", 128 << 10),
+                                         (":4096:2:16:8", (8 << 20) + (128 << 10))])
+def test_cublas_workspace_follows_cublas_workspace_config(config, want):
+    # torch parses CUBLAS_WORKSPACE_CONFIG once, at the first cuBLAS handle, and
+    # allocates the workspace through its allocator; the fake cuBLAS only keeps
+    # the pointer cublasSetWorkspace_v2 gives it
+    env = {"CUBLAS_WORKSPACE_CONFIG": config} if config else {}
+    o = run_sim(textwrap.dedent('''
+        import torch
+        a = torch.ones(64, 64, device="cuda")
+        before = torch.cuda.memory_allocated()
+        c = a @ a
+        emit({"workspace": torch.cuda.memory_allocated() - before - c.numel() * 4})
+    '''), env=env)
+    assert o == {"workspace": want}
