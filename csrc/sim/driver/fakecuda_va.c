@@ -28,8 +28,8 @@
  *   8,570 segment addresses is a multiple of 2 MiB; every gap between
  *   neighbouring segments is a multiple of 2 MiB, and half of them (4,285
  *   of 8,541) are zero; in the 17 snapshots whose traces show the order,
- *   60-94% of successive new segments lie above the previous one, and
- *   the rest fill holes left lower down. So each device reserves one
+ *   84% of the steps from one newly used segment to the next go up (16 of
+ *   the 17 mostly up), and the rest fill holes left lower down. So each device reserves one
  *   PROT_NONE, MAP_NORESERVE range at its first allocation and places
  *   every allocation at the lowest 2 MiB-aligned gap that fits
  *   (first fit), mapping it read-write with MAP_FIXED; a free maps the
