@@ -1,9 +1,9 @@
 /*
  * rt_launch.c - kernels in the fake runtime: the host-side registration
  * calls nvcc's generated code makes at load time (__cudaRegisterFatBinary
- * and friends), the launch configuration stack (<<<...>>>), launches (which
- * do nothing), function attributes, occupancy, and __device__ variables
- * (cudaGetSymbolAddress, cudaMemcpyToSymbol).
+ * and friends; __device__ variables are rt_symbol.c's), the launch
+ * configuration stack (<<<...>>>), launches (which compute nothing),
+ * function attributes and occupancy.
  *
  * Launch path of CUDA 13 host stubs (crt/host_runtime.h): the stub for
  * k<<<g, b, s, st>>>(args) calls __cudaPushCallConfiguration(g, b, s, st),
@@ -19,9 +19,6 @@
  * the output of a kernel is whatever the memory held (zeros for fresh
  * memory).
  *
- * __device__ variables: every __cudaRegisterVar is remembered (host
- * address -> size); the symbol's "device" copy is host memory allocated on
- * first use, so cudaMemcpyToSymbol/FromSymbol round-trip.
  */
 #include "rt_internal.h"
 
@@ -29,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t n_fatbins, n_functions, n_vars, n_launches;
+static uint64_t n_fatbins, n_functions, n_launches;
 /* The host stub of torch's _sleep kernel, once registered (atomic). */
 static const void *sleep_kernel;
 
@@ -46,15 +43,6 @@ static int is_sleep_kernel(const char *name)
 /* ------------------------------------------------------------------ */
 /* registration                                                         */
 
-typedef struct {
-    const void *host;
-    size_t size;
-    void *storage; /* allocated on first use */
-} rt_var_t;
-
-static pthread_mutex_t var_mu = PTHREAD_MUTEX_INITIALIZER;
-static rt_var_t *vars;
-static size_t nvars, capvars;
 
 /* The handle is a small heap object; the runtime never looks inside. */
 RT_API void **CUDARTAPI __cudaRegisterFatBinary(void *fatCubin)
@@ -94,46 +82,6 @@ RT_API void CUDARTAPI __cudaRegisterFunction(void **fatCubinHandle, const char *
     __atomic_fetch_add(&n_functions, 1, __ATOMIC_RELAXED);
 }
 
-static void register_var(const void *host, size_t size)
-{
-    pthread_mutex_lock(&var_mu);
-    if (nvars == capvars) {
-        size_t cap = capvars ? capvars * 2 : 1024;
-        rt_var_t *v = realloc(vars, cap * sizeof *v);
-        if (!v) {
-            pthread_mutex_unlock(&var_mu);
-            return;
-        }
-        vars = v;
-        capvars = cap;
-    }
-    vars[nvars].host = host;
-    vars[nvars].size = size;
-    vars[nvars].storage = NULL;
-    nvars++;
-    pthread_mutex_unlock(&var_mu);
-    __atomic_fetch_add(&n_vars, 1, __ATOMIC_RELAXED);
-}
-
-RT_API void CUDARTAPI __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *deviceAddress,
-                                        const char *deviceName, int ext, size_t size, int constant,
-                                        int global)
-{
-    SIM_ENTRY("__cudaRegisterVar");
-    (void)fatCubinHandle, (void)deviceAddress, (void)deviceName, (void)ext, (void)constant;
-    (void)global;
-    register_var(hostVar, size);
-}
-
-RT_API void CUDARTAPI __cudaRegisterManagedVar(void **fatCubinHandle, void **hostVarPtrAddress,
-                                               char *deviceAddress, const char *deviceName, int ext,
-                                               size_t size, int constant, int global)
-{
-    SIM_ENTRY("__cudaRegisterManagedVar");
-    (void)fatCubinHandle, (void)deviceAddress, (void)deviceName, (void)ext, (void)constant;
-    (void)global;
-    register_var(hostVarPtrAddress, size);
-}
 
 /* 1: the module's managed variables are initialised. */
 RT_API char CUDARTAPI __cudaInitModule(void **fatCubinHandle)
@@ -141,103 +89,6 @@ RT_API char CUDARTAPI __cudaInitModule(void **fatCubinHandle)
     SIM_ENTRY("__cudaInitModule");
     (void)fatCubinHandle;
     return 1;
-}
-
-void *rt_symbol_address(const void *symbol, size_t *size)
-{
-    void *p = NULL;
-    pthread_mutex_lock(&var_mu);
-    for (size_t i = 0; i < nvars; i++) {
-        if (vars[i].host != symbol)
-            continue;
-        if (!vars[i].storage)
-            vars[i].storage = calloc(1, vars[i].size ? vars[i].size : 1);
-        p = vars[i].storage;
-        if (size)
-            *size = vars[i].size;
-        break;
-    }
-    pthread_mutex_unlock(&var_mu);
-    return p;
-}
-
-RT_API cudaError_t CUDARTAPI cudaGetSymbolAddress(void **devPtr, const void *symbol)
-{
-    SIM_ENTRY("cudaGetSymbolAddress");
-    cudaError_t e = rt_ctx();
-    if (e != cudaSuccess)
-        return rt_err(e);
-    void *p = rt_symbol_address(symbol, NULL);
-    if (!devPtr || !p)
-        return rt_err(devPtr ? cudaErrorInvalidSymbol : cudaErrorInvalidValue);
-    *devPtr = p;
-    return cudaSuccess;
-}
-
-RT_API cudaError_t CUDARTAPI cudaGetSymbolSize(size_t *size, const void *symbol)
-{
-    SIM_ENTRY("cudaGetSymbolSize");
-    cudaError_t e = rt_ctx();
-    if (e != cudaSuccess)
-        return rt_err(e);
-    if (!size)
-        return rt_err(cudaErrorInvalidValue);
-    return rt_symbol_address(symbol, size) ? cudaSuccess : rt_err(cudaErrorInvalidSymbol);
-}
-
-static cudaError_t symbol_copy(void *dst, const void *src, const void *symbol, size_t count,
-                               size_t offset, int to_symbol)
-{
-    size_t size = 0;
-    cudaError_t e = rt_ctx();
-    if (e != cudaSuccess)
-        return rt_err(e);
-    char *p = rt_symbol_address(symbol, &size);
-    if (!p)
-        return rt_err(cudaErrorInvalidSymbol);
-    if (offset > size || count > size - offset)
-        return rt_err(cudaErrorInvalidValue);
-    if (count == 0)
-        return cudaSuccess;
-    if (to_symbol)
-        memmove(p + offset, src, count);
-    else
-        memmove(dst, p + offset, count);
-    return cudaSuccess;
-}
-
-RT_API cudaError_t CUDARTAPI cudaMemcpyToSymbol(const void *symbol, const void *src, size_t count,
-                                                size_t offset, enum cudaMemcpyKind kind)
-{
-    SIM_ENTRY("cudaMemcpyToSymbol");
-    (void)kind;
-    return symbol_copy(NULL, src, symbol, count, offset, 1);
-}
-
-RT_API cudaError_t CUDARTAPI cudaMemcpyToSymbolAsync(const void *symbol, const void *src,
-                                                     size_t count, size_t offset,
-                                                     enum cudaMemcpyKind kind, cudaStream_t stream)
-{
-    SIM_ENTRY("cudaMemcpyToSymbolAsync");
-    (void)kind, (void)stream;
-    return symbol_copy(NULL, src, symbol, count, offset, 1);
-}
-
-RT_API cudaError_t CUDARTAPI cudaMemcpyFromSymbol(void *dst, const void *symbol, size_t count,
-                                                  size_t offset, enum cudaMemcpyKind kind)
-{
-    SIM_ENTRY("cudaMemcpyFromSymbol");
-    (void)kind;
-    return symbol_copy(dst, NULL, symbol, count, offset, 0);
-}
-
-RT_API cudaError_t CUDARTAPI cudaMemcpyFromSymbolAsync(void *dst, const void *symbol, size_t count,
-                                                       size_t offset, enum cudaMemcpyKind kind,
-                                                       cudaStream_t stream)
-{
-    SIM_ENTRY("cudaMemcpyFromSymbolAsync");
-    (void)kind, (void)stream;
-    return symbol_copy(dst, NULL, symbol, count, offset, 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -500,6 +351,6 @@ void rt_launch_report(sim_sb_t *sb)
                       "\"launches\": %llu}",
                   (unsigned long long)__atomic_load_n(&n_fatbins, __ATOMIC_RELAXED),
                   (unsigned long long)__atomic_load_n(&n_functions, __ATOMIC_RELAXED),
-                  (unsigned long long)__atomic_load_n(&n_vars, __ATOMIC_RELAXED),
+                  (unsigned long long)rt_symbol_count(),
                   (unsigned long long)__atomic_load_n(&n_launches, __ATOMIC_RELAXED));
 }

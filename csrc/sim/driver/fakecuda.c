@@ -4,8 +4,9 @@
  * failure injection, devices, primary contexts and the per-thread context
  * stack, and the sorted vector every table uses.
  *
- * Memory (cuMemAlloc and the VMM calls) is in fakecuda_mem.c, streams and
- * events in fakecuda_sync.c, error strings, the JSON report and the other
+ * Memory (cuMemAlloc and the VMM calls) is in fakecuda_mem.c, streams in
+ * fakecuda_sync.c, events in fakecuda_event.c, simulated time in
+ * fakecuda_timeline.c, error strings, the JSON report and the other
  * fakecuda_* control functions in fakecuda_report.c. README.md documents the
  * behaviour.
  *

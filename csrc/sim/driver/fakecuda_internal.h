@@ -80,7 +80,7 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
     X(cuMemcpyPeerAsync) X(cuMemsetD8Async) X(cuMemsetD32_v2)               \
     X(cuMemsetD32Async) X(cuPointerGetAttribute) X(cuMemGetAddressRange_v2) \
     X(cuStreamWriteValue32_v2) X(cuMemGetAllocationPropertiesFromHandle)    \
-    /* streams and events, runtime-level (fakecuda_sync.c) */               \
+    /* streams and events, runtime-level (fakecuda_sync.c, _event.c) */    \
     X(cuCtxGetStreamPriorityRange) X(cuStreamCreateWithPriority)            \
     X(cuStreamGetPriority) X(cuStreamGetFlags) X(cuStreamGetId)             \
     X(cuStreamGetDevice) X(cuStreamWaitEvent) X(cuEventRecordWithFlags)     \
@@ -340,6 +340,11 @@ int fc_accessible_unlocked(uint64_t p, size_t n, int write);
  * unmapped part of a reservation, *size is 0) and 1; otherwise 0. */
 int fc_lookup_device_ptr_unlocked(uint64_t p, uint64_t *base, size_t *size, int *dev);
 int fc_mem_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
+
+/* fakecuda_event.c: one poll of an event (a query: 1 when complete, which
+ * may complete it), and "recorded and not complete" without polling. */
+int fc_event_poll_unlocked(fc_event_t *e);
+int fc_event_pending(const fc_event_t *e);
 
 /* fakecuda_va.c: place a cuMemAlloc of size bytes on dev (0; -1 when the
  * range is full or mmap fails), and give its range back. */
