@@ -152,3 +152,26 @@ def test_segments_get_increasing_addresses_and_reuse_holes(install):
     if not install:  # torch's allocator: one exact-size segment per tensor, adjacent
         assert ptrs[1] - ptrs[0] == ptrs[2] - ptrs[1] == 30 * MiB
     assert o["again"] == o["hole"]
+
+
+@ALLOCATORS
+def test_out_of_memory_path_waits_for_pending_events_and_frees_the_cache(install):
+    # a 2 GiB block freed while the side stream still uses it cannot serve the
+    # next 2 GiB request, and the device has no other 2 GiB: before giving up
+    # the allocator synchronises the pending event, frees its cache and retries
+    o = run_gm('''
+        side = torch.cuda.Stream()
+        x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(int(2e9))          # about a second of simulated time
+        x.record_stream(side)
+        del x
+        busy = side.query()
+        y = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+        stats = torch.cuda.memory_stats()
+        emit({"busy": busy, "done": side.query(), "ok": y.data_ptr() != 0,
+              "retries": stats["num_alloc_retries"], "ooms": stats["num_ooms"]})
+    ''', install=install, memory="4GiB")
+    assert o["busy"] is False and o["ok"] and o["done"] is True, o
+    assert o["retries"] >= 1 and o["ooms"] == 0, o
