@@ -1,6 +1,7 @@
 """One training step of a small Transformer on the simulated GPU.
 
     python benchmarks/sim_overhead.py [--json] [--steps 5] [--memory 80GiB]
+                                      [--events MODE] [--baseline LIBDIR] [--repeats N]
 
 Runs PyTorch's official CUDA build under the simulator (gpumem.sim: fake
 libcuda/libcudart/libcublas[Lt], kernels and GEMMs are no-ops, memory is
@@ -19,6 +20,12 @@ allocator:
   runtime_calls_per_step, kernel_launches_per_step  CUDA runtime calls and
                        (no-op) launches one steady-state step makes
 
+With --baseline LIBDIR the same step also runs on another build of the
+fakes (e.g. main's: build csrc/sim of that checkout with its build.py into
+LIBDIR), in alternating processes (--repeats N of each); the result adds
+"baseline" and "ratio" (step_wall_s of this build / the baseline's,
+medians): the simulator's own cost per training step, measured in one run.
+
 The model: nn.Transformer(d_model=256, nhead=8, 2+2 layers, ff 1024),
 batch 16, sequence 64, fp32, AdamW. The "gpumem" column (gpumem's allocator
 as torch's allocator) is added by the drop-in issue.
@@ -28,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import textwrap
 import time
@@ -95,12 +104,27 @@ STEP_SNIPPET = textwrap.dedent('''
 CONFIG = {"d_model": 256, "nhead": 8, "layers": 2, "ff": 1024, "batch": 16, "seq": 64}
 
 
-def run(steps: int, memory: str) -> dict:
-    t0 = time.perf_counter()
-    rc, out, err = sim.run_snippet(STEP_SNIPPET, memory=memory,
-                                   args=[str(steps), json.dumps(CONFIG)], timeout=900)
-    wall = time.perf_counter() - t0
-    if rc != 0:
+def run(steps: int, memory: str, events=None, lib_dir=None) -> dict:
+    env = None
+    saved = os.environ.get("GPUMEM_SIM_LIB_DIR")
+    if lib_dir is not None:  # another build of the fakes; the model by a key any build knows
+        os.environ["GPUMEM_SIM_LIB_DIR"] = str(lib_dir)
+        env = {"GPUMEM_SIM_GPU": "name=NVIDIA H100 80GB HBM3"}
+    try:
+        t0 = time.perf_counter()
+        rc, out, err = sim.run_snippet(STEP_SNIPPET, memory=memory, events=events, env=env,
+                                       args=[str(steps), json.dumps(CONFIG)], timeout=900)
+        wall = time.perf_counter() - t0
+    finally:
+        if lib_dir is not None:
+            if saved is None:
+                os.environ.pop("GPUMEM_SIM_LIB_DIR", None)
+            else:
+                os.environ["GPUMEM_SIM_LIB_DIR"] = saved
+    # PyTorch's exit race (csrc/sim/README.md, Limitations) can abort the
+    # process after it printed its row; the row is complete, so it counts
+    race = rc == -6 and "terminate called without an active exception" in err
+    if rc != 0 and not (race and out.strip().startswith("{")):
         raise SystemExit(f"the simulated run failed (exit {rc}):\n{err[-4000:]}")
     row = json.loads(out.splitlines()[-1])
     row["process_wall_s"] = wall
@@ -113,11 +137,27 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--steps", type=int, default=5, help="training steps to time (default 5)")
     ap.add_argument("--memory", default="80GiB", help="simulated device capacity (default 80GiB)")
+    ap.add_argument("--events", default=None, help="the simulator's event mode (default: its own)")
+    ap.add_argument("--baseline", default=None, metavar="LIBDIR",
+                    help="another build of the fakes to compare with, in the same run")
+    ap.add_argument("--repeats", type=int, default=1, help="processes per build (default 1)")
     args = ap.parse_args(argv)
     sim.lib_dir()  # build the fakes first, outside the timing
-    row = run(max(2, args.steps), args.memory)
-    result = {"benchmark": "sim_overhead", "model": CONFIG, "steps": max(2, args.steps),
-              "memory": args.memory, "results": {"torch": row}}
+    steps = max(2, args.steps)
+    rows, base_rows = [], []
+    for _ in range(max(1, args.repeats)):  # alternate, so that drift hits both alike
+        rows.append(run(steps, args.memory, args.events))
+        if args.baseline:
+            base_rows.append(run(steps, args.memory, args.events, lib_dir=args.baseline))
+    row = _median_row(rows)
+    result = {"benchmark": "sim_overhead", "model": CONFIG, "steps": steps,
+              "memory": args.memory, "events": args.events, "repeats": len(rows),
+              "results": {"torch": row}}
+    if args.baseline:
+        base = _median_row(base_rows)
+        result["baseline"] = {"lib_dir": args.baseline, "torch": base}
+        result["ratio"] = {k: row[k] / base[k] for k in
+                           ("step_wall_s", "first_step_wall_s", "process_wall_s") if base[k]}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -131,7 +171,19 @@ def main(argv=None) -> int:
           f"{row['runtime_calls_per_step']} runtime calls and "
           f"{row['kernel_launches_per_step']} launches per step, "
           f"whole process {row['process_wall_s']:.1f} s")
+    if args.baseline:
+        print(f"  baseline ({args.baseline}): step "
+              f"{result['baseline']['torch']['step_wall_s'] * 1e3:.2f} ms; ratio "
+              f"{result['ratio']['step_wall_s']:.3f} per step")
     return 0
+
+
+def _median_row(rows: list) -> dict:
+    """The first row with each timing replaced by its median over rows."""
+    out = dict(rows[0])
+    for k in ("step_wall_s", "first_step_wall_s", "process_wall_s"):
+        out[k] = statistics.median(r[k] for r in rows)
+    return out
 
 
 if __name__ == "__main__":

@@ -307,7 +307,7 @@ class Driver:
         """
         with self.context(index):
             if self.simulated:
-                self._held = (self.sim_config().get("events", "immediate"), c_void_p())
+                self._held = (self.sim_config().get("events", "timeline"), c_void_p())
                 self.lib.fakecuda_set_event_mode(b"never")
                 self.call("cuEventCreate", byref(self._held[1]), 2)  # DISABLE_TIMING
                 self.call("cuEventRecord", self._held[1], stream)

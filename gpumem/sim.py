@@ -22,8 +22,10 @@ Options (also environment variables the fakes read, set by the launcher):
   --memory SIZE     capacity of each device (GPUMEM_SIM_MEMORY; default 80GiB)
   --devices N       number of devices (GPUMEM_SIM_DEVICES; default 1)
   --events MODE     when recorded events complete (GPUMEM_SIM_EVENTS):
-                    immediate (default), never (until synchronized), after:N
-                    (after N polls), to exercise record_stream reuse honestly
+                    timeline (default: kernels, copies and memsets take
+                    simulated time on their stream; an event completes when
+                    the simulated host clock reaches it), immediate, never
+                    (until synchronized), after:N (after N polls)
   --log PATH|-      note every unimplemented CUDA call once (GPUMEM_SIM_LOG)
   --report PATH     write a JSON report at exit (GPUMEM_SIM_REPORT): calls made,
                     device capacity, peak and leaks per device
@@ -83,9 +85,9 @@ def parse_size(text: Union[str, int]) -> int:
 
 
 def _check_events(mode: str) -> str:
-    if mode in ("immediate", "never") or re.fullmatch(r"after:\d+", mode):
+    if mode in ("timeline", "immediate", "never") or re.fullmatch(r"after:\d+", mode):
         return mode
-    raise SimError(f"bad event mode {mode!r}: use immediate, never or after:N")
+    raise SimError(f"bad event mode {mode!r}: use timeline, immediate, never or after:N")
 
 
 def _load_builder():
@@ -144,8 +146,10 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
             gpu: Optional[str] = None) -> Dict[str, str]:
     """The environment a process needs to run on the simulator.
 
-    gpu: a GPU model of gpumem.sim_gpus (default: the fake driver's own,
-    H100-SXM-80GB); its memory is the default for ``memory``.
+    gpu: a GPU model of gpumem.sim_gpus (default H100-SXM-80GB, unless
+    GPUMEM_SIM_GPU is already set); its memory is the default for
+    ``memory``, and its context memory is charged when CUDA initialises
+    (GPUMEM_SIM_CONTEXT_MEMORY overrides it).
 
     base: the environment to start from (default os.environ). The fakes go
     in front of any LD_PRELOAD already there; GPUMEM_LIBCUDA points gpumem's
@@ -159,8 +163,8 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
     env["LD_PRELOAD"] = ":".join(preload)
     env["GPUMEM_SIM_LIB_DIR"] = str(next(iter(libs.values())).parent)
     env["GPUMEM_LIBCUDA"] = str(libs["libcuda.so.1"])
+    from gpumem import sim_gpus
     if gpu is not None:
-        from gpumem import sim_gpus
         try:
             model = sim_gpus.lookup(gpu)
         except ValueError as e:
@@ -168,6 +172,10 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
         env["GPUMEM_SIM_GPU"] = sim_gpus.spec(model)
         if memory is None:
             memory = model["memory"]
+    elif not env.get("GPUMEM_SIM_GPU"):
+        # the default model, named so that its context memory and
+        # bandwidths apply (the bare driver charges no context)
+        env["GPUMEM_SIM_GPU"] = sim_gpus.spec(sim_gpus.lookup(sim_gpus.DEFAULT))
     if memory is not None:
         env["GPUMEM_SIM_MEMORY"] = str(parse_size(memory))
     if devices is not None:
@@ -219,7 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--memory", default=None,
                     help="capacity per device, e.g. 80GiB (default: the model's memory)")
     ap.add_argument("--devices", type=int, default=None, help="number of devices (default 1)")
-    ap.add_argument("--events", default=None, help="immediate | never | after:N (default immediate)")
+    ap.add_argument("--events", default=None, help="timeline | immediate | never | after:N (default timeline)")
     ap.add_argument("--log", default=None, metavar="PATH|-",
                     help="log unimplemented CUDA calls once each ('-' for stderr)")
     ap.add_argument("--report", default=None, metavar="PATH", help="write a JSON report at exit")

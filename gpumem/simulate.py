@@ -62,9 +62,10 @@ LIMITS = ("limits of the simulation: kernels compute nothing, so there are no nu
           "(losses, accuracies and printed values are meaningless); shapes that depend on data "
           "(nonzero, boolean masks, unique, control flow on tensor values) are unreliable; cuDNN's "
           "workspaces are the simulator's own deterministic choices (NVIDIA publishes none) and "
-          "cuDNN RNNs, CTC loss and grid sampling are not simulated; memory "
-          "outside torch's allocator (the CUDA context, NCCL, cudaMalloc by extensions) is not "
-          "counted; peaks are gpumem's allocator's, which rounds and caches like torch's")
+          "cuDNN RNNs, CTC loss and grid sampling are not simulated; the CUDA context's memory is "
+          "an estimate for the model (NVIDIA publishes none); other memory outside torch's "
+          "allocator (NCCL, cudaMalloc by extensions) is not counted; peaks are gpumem's "
+          "allocator's, which rounds and caches like torch's")
 
 
 _SITECUSTOMIZE = '''\
@@ -225,7 +226,10 @@ def _equation_lines(eqs: dict[str, Any]) -> list[str]:
 
 
 def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs: list[dict],
-            oom_files: list[str], pages: dict, seconds: float) -> dict[str, Any]:
+            oom_files: list[str], pages: dict, seconds: float,
+            context: int = 0) -> dict[str, Any]:
+    """context: device memory the CUDA context holds, which no allocation can
+    have: the script fits if its peak fits in memory - context."""
     unrecorded = [p for p in procs if p.get("install_error")]
     crashed = [p for p in procs if p.get("incomplete")]
     procs = [p for p in procs if not p.get("incomplete") and not p.get("install_error")]
@@ -258,12 +262,17 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
             why = (f"no statistics: {len(crashed)} process(es) using torch did not exit "
                    "normally (killed, crashed or os._exit)")
     else:
-        fits = peak <= memory
+        usable = max(memory - context, 0)
+        fits = peak <= usable
         why = f"peak reserved {format_bytes(peak)}, {100.0 * peak / memory:.1f}% of the device"
+        if context:
+            why += (f"; the CUDA context holds {format_bytes(context)}, leaving "
+                    f"{format_bytes(usable)}")
     if verdict is None:
         verdict = {True: "yes", False: "no", None: "unknown"}[fits]
     return {"command": cmd, "exit_status": rc, "seconds": round(seconds, 3), "memory": memory,
-            "devices": devices, "out": out, "per_device": rows, "fits": fits, "fits_reason": why,
+            "context_memory": context, "devices": devices, "out": out, "per_device": rows,
+            "fits": fits, "fits_reason": why,
             "verdict": verdict,
             "snapshots": [p["snapshot"] for p in procs if p.get("snapshot")],
             "script_snapshots": sorted({f for p in procs for f in p.get("script_snapshots") or []}),
@@ -276,6 +285,17 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                f"installed ({p['install_error']})" for p in unrecorded],
             "unrecorded": len(unrecorded),
             "limits": LIMITS}
+
+
+def _context_memory(env: dict, model: dict) -> int:
+    """What the simulated context holds: the override, or the model's."""
+    for var in ("GPUMEM_FAKECUDA_CONTEXT_MEMORY", "GPUMEM_SIM_CONTEXT_MEMORY"):
+        if env.get(var):
+            try:
+                return sim.parse_size(env[var])
+            except sim.SimError:
+                break
+    return model["context_mib"] << 20
 
 
 def _times(n: int) -> str:
@@ -400,7 +420,8 @@ def run(args: argparse.Namespace) -> int:
             oom_files.update(_new_oom_files(out, wall_start))
         oom_files = sorted(oom_files)
         pages = {} if args.no_view else _views(procs, oom_files, out)
-        report = _report(cmd, rc, memory, args.devices, out, procs, oom_files, pages, seconds)
+        report = _report(cmd, rc, memory, args.devices, out, procs, oom_files, pages, seconds,
+                         context=_context_memory(env, model))
         report["gpu"] = sim_gpus.describe(model)
         if args.categories:
             report["equation"] = _equations(report["snapshots"])

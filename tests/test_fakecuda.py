@@ -45,6 +45,7 @@ CONTROL_FUNCS = {
     "fakecuda_device_memory",
     "fakecuda_configure",
     "fakecuda_query",
+    "fakecuda_launch",
 }
 
 
@@ -1135,6 +1136,7 @@ def test_event_basics(lib):
 
 def test_events_immediate(lib):
     run(lib, """
+        L.fakecuda_set_event_mode(b"immediate")
         init(); s = stream(); e = event()
         ok(cuEventRecord(e, s)); ok(cuEventQuery(e)); ok(cuStreamQuery(s))
         assert dev0()["events_pending"] == 0
@@ -1347,7 +1349,7 @@ def test_report_contents_and_leak_details(lib):
     exp = data.pop("_expect")
     assert data["version"] == 1 and data["initialized"] is True
     assert data["config"] == {"devices": 1, "memory": 80 << 30, "granularity": 2 << 20,
-                              "events": "immediate", "fail": "", "fail_above": 0, "report": None}
+                              "events": "timeline", "fail": "", "fail_above": 0, "report": None}
     assert set(data["calls"]) == EXPECTED_CU
     assert data["total_calls"] == sum(data["calls"].values())
     dev = data["devices"][0]
@@ -1466,7 +1468,7 @@ def test_configure_rejects_bad_specs_all_or_nothing(lib, spec):
         assert fakecuda_configure({spec!r}.encode()) == -1
         c = report()["config"]
         assert (c["memory"], c["granularity"], c["events"], c["fail"]) == (
-            80 * GiB, 2 * MiB, "immediate", "")
+            80 * GiB, 2 * MiB, "timeline", "")
     """)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "fakecuda_configure" in lines[0], proc.stderr

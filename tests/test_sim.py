@@ -162,7 +162,8 @@ def test_caching_allocator_stats_snapshot_and_oom():
         o["snapshot_segments"] = sorted(s["total_size"] for s in snap["segments"])
         o["num_ooms"] = torch.cuda.memory_stats()["num_ooms"]
         dev = report()["driver"]["devices"][0]
-        o["driver"] = [dev["capacity"], dev["bytes_used"], dev["peak_bytes_used"]]
+        ctx = dev["bytes_context"]  # the CUDA context's share, held since CUDA initialised
+        o["driver"] = [dev["capacity"], dev["bytes_used"] - ctx, dev["peak_bytes_used"] - ctx]
         emit(o)
     '''), memory="4GiB")
     MiB = 1 << 20
@@ -299,7 +300,8 @@ def test_launcher_runs_a_command_and_writes_a_report(tmp_path):
     rep = json.loads(report_path.read_text())
     devs = rep["driver"]["devices"]
     assert [d["capacity"] for d in devs] == [1 << 30, 1 << 30]
-    assert devs[1]["peak_bytes_used"] == 20 << 20  # torch's 20 MiB segment for a 3 MiB tensor
+    # torch's 20 MiB segment for a 3 MiB tensor, beside the H100's 514 MiB context
+    assert devs[1]["peak_bytes_used"] == (20 << 20) + (514 << 20)
     assert rep["calls"]["cudaMalloc"] == 1
 
 
@@ -316,3 +318,22 @@ def test_launcher_errors_and_exit_status(tmp_path):
     assert env.returncode == 0
     assert "export GPUMEM_SIM_EVENTS=after:3" in env.stdout
     assert "libcudart.so.13" in env.stdout and "export LD_PRELOAD=" in env.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config,want", [(None, 32 << 20),          # sm90's default, :4096:8
+                                         (":16:8", 128 << 10),
+                                         (":4096:2:16:8", (8 << 20) + (128 << 10))])
+def test_cublas_workspace_follows_cublas_workspace_config(config, want):
+    # torch parses CUBLAS_WORKSPACE_CONFIG once, at the first cuBLAS handle, and
+    # allocates the workspace through its allocator; the fake cuBLAS only keeps
+    # the pointer cublasSetWorkspace_v2 gives it
+    env = {"CUBLAS_WORKSPACE_CONFIG": config} if config else {}
+    o = run_sim(textwrap.dedent('''
+        import torch
+        a = torch.ones(64, 64, device="cuda")
+        before = torch.cuda.memory_allocated()
+        c = a @ a
+        emit({"workspace": torch.cuda.memory_allocated() - before - c.numel() * 4})
+    '''), env=env)
+    assert o == {"workspace": want}

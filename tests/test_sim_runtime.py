@@ -113,6 +113,7 @@ def test_devices_errors_memory_and_copies(tmp_path):
         r = report()
         o["stubs_hit"] = r["stubs_hit"]
         o["device0"] = r["driver"]["devices"][0]["bytes_used"]
+        o["context0"] = r["driver"]["devices"][0]["bytes_context"]
         emit(o)
     '''), devices=2, memory="1GiB", env={"GPUMEM_SIM_LOG": str(log)})
     assert out["runtime"] == 13000 and out["driver"] == 13000
@@ -136,7 +137,9 @@ def test_devices_errors_memory_and_copies(tmp_path):
                             "unrecognized error code"]
     assert out["unsupported"] == [801, 801, 801, 801]
     assert out["stubs_hit"] == ["cudaGraphCreate"]
-    assert out["device0"] == 2 * 4096
+    # the primary context holds the default model's context memory (H100: 514 MiB)
+    assert out["context0"] == 514 << 20
+    assert out["device0"] == 2 * 4096 + out["context0"]
     lines = log.read_text().splitlines()
     assert [line for line in lines if "cudaGraphCreate" in line] == [
         "gpumem-sim: libcudart.so.13: cudaGraphCreate is not implemented by the simulator; "
@@ -354,7 +357,8 @@ def test_nvml_describes_the_simulated_devices():
     assert out["uuid"] == "GPU-67706d65-6d2d-4641-8b45-435544410001"
     assert out["by_uuid"] == [0, True]
     assert out["by_pci"] == [0, True, 6]
-    assert out["memory"] == [1 << 30, (1 << 30) - (3 << 20), 3 << 20]  # total, free, used
+    used = (3 << 20) + (514 << 20)  # 3 MiB allocated, and the H100's context
+    assert out["memory"] == [1 << 30, (1 << 30) - used, used]  # total, free, used
     assert out["fabric"] == [0, 0]  # success, state NOT_SUPPORTED
     assert out["procs"] == [0, 0]
     assert out["nvlink"] == 3 and out["strings"] == "Not Supported"

@@ -51,6 +51,7 @@ def test_uncaught_oom_does_not_fit_and_leaves_its_snapshot(tmp_path):
     assert "fits in 2 GiB: no (1 allocation(s) failed with out of memory)" in proc.stdout
     assert "device 0: allocated 1.00 GiB, reserved 1.00 GiB, 1 OOM(s)" in proc.stdout
     assert "no numerical results" in proc.stdout and "cuDNN RNNs" in proc.stdout
+    assert "the CUDA context's memory is an estimate" in proc.stdout
     report = json.loads((out / "summary.json").read_text())
     assert report["exit_status"] == 1 and report["fits"] is False
     assert report["snapshots"] == [str(out / "snapshot.pickle")]
@@ -237,3 +238,14 @@ def test_a_script_that_looks_torch_up_before_importing_it_is_recorded(tmp_path):
     assert report["fits"] is True, report
     assert report["per_device"] and report["per_device"][0]["peak_allocated"] >= 64 << 20, report
     assert (tmp_path / "out" / "snapshot.pickle").exists()
+
+
+def test_fits_verdict_leaves_room_for_the_cuda_context():
+    # 3 GiB reserved on a 4 GiB GPU fits beside a 512 MiB context, not beside 1.5 GiB
+    procs = [{"pid": 1, "devices": {"0": {"allocated": 0, "reserved": 3 * GiB}}}]
+    roomy = simulate._report(["x"], 0, 4 * GiB, 1, "out", procs, [], {}, 1.0, context=GiB // 2)
+    tight = simulate._report(["x"], 0, 4 * GiB, 1, "out", procs, [], {}, 1.0,
+                             context=3 * GiB // 2)
+    assert roomy["fits"] is True and tight["fits"] is False, (roomy, tight)
+    assert "the CUDA context holds 1.50 GiB" in tight["fits_reason"]
+    assert tight["context_memory"] == 3 * GiB // 2

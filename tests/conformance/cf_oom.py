@@ -45,8 +45,9 @@ def check_oom_type_and_message():
 
 def check_oom_reports_the_segment_size():
     # the size in the message is the segment the allocator tried to get
+    torch = torch_mod()
     settle()
-    keep = empty(4 * GiB)                       # the whole device
+    keep = empty(torch.cuda.mem_get_info()[0] // (2 * MiB) * (2 * MiB))  # all the context left
     for n, want in ((100, "2.00 MiB"),          # small: a 2 MiB segment
                     (5 * MiB, "20.00 MiB"),     # under 10 MiB: a 20 MiB segment
                     (11 * MiB + 1, "12.00 MiB")):  # else rounded up to 2 MiB
@@ -85,11 +86,12 @@ def check_oom_retry_after_free():
 def check_oom_frees_the_cache_and_retries():
     torch = torch_mod()
     settle()
+    free = torch.cuda.mem_get_info()[0]          # 4 GiB less the CUDA context
     a = empty(2 * GiB)
     b = empty(GiB)
     del a                                        # 2 GiB cached, 1 GiB in use
-    c = empty(3 * GiB - 100 * MiB)               # fits only once the cache is released
-    assert stat("num_alloc_retries") >= 1 or torch.cuda.memory_reserved() <= 4 * GiB
+    c = empty(free - GiB - 100 * MiB)            # fits only once the cache is released
+    assert stat("num_alloc_retries") >= 1 or torch.cuda.memory_reserved() <= free
     del b, c
 
 
@@ -151,20 +153,9 @@ def check_oom_event_in_history():
     assert ev["stream"] == 0
 
 
-# PyTorch's own tests also check what follows; the simulated GPU cannot show
-# it under either allocator (see the reasons), so these are expected to fail
-# until it can.
-
-@sim_limit("kernels compute nothing: fill_ leaves the tensor as it was")
-def check_tensor_survives_an_out_of_memory_error():
-    torch = torch_mod()
-    t = torch.zeros(1024, device="cuda")
-    _oom(5 * GiB)
-    t.fill_(1)
-    assert bool((t == 1).all())
-
-
-@sim_limit("events complete at once and torch.cuda._sleep takes no time")
+# On the simulator's device timeline, torch.cuda._sleep keeps the stream
+# busy for its cycles at the GPU's clock (csrc/sim/driver, Note [Device
+# timeline]), so the event record_stream leaves is still pending.
 def check_reuse_waits_for_a_busy_stream():
     torch = torch_mod()
     settle()
@@ -179,3 +170,16 @@ def check_reuse_waits_for_a_busy_stream():
         again = empty(4096)
     assert again.data_ptr() != ptr, "allocation reused too soon"
     torch.cuda.synchronize()
+
+
+# PyTorch's own tests also check what follows; the simulated GPU cannot show
+# it under either allocator (see the reasons), so these are expected to fail
+# until it can.
+
+@sim_limit("kernels compute nothing: fill_ leaves the tensor as it was")
+def check_tensor_survives_an_out_of_memory_error():
+    torch = torch_mod()
+    t = torch.zeros(1024, device="cuda")
+    _oom(5 * GiB)
+    t.fill_(1)
+    assert bool((t == 1).all())

@@ -19,7 +19,7 @@ show the behaviour, the mark must go.
 
 Group modules set, optionally: VARIANTS ({name: extra environment}, default
 one variant ""), MEMORY (the simulated device's size, default 80GiB),
-EVENTS (the simulator's event mode, default immediate), FAST (the variants
+EVENTS (the simulator's event mode, default timeline), FAST (the variants
 in the fast tier; the others are marked slow), INSTALL_MAY_FAIL.
 """
 

@@ -56,9 +56,16 @@ CUcontext rt_primary_ctx(int dev);
  * stream 0 there means the per-thread stream. */
 static inline cudaStream_t rt_ptsz(cudaStream_t s) { return s ? s : cudaStreamPerThread; }
 
-/* rt_launch.c: the host copy of a __device__ variable registered with
- * __cudaRegisterVar (allocated on first use), or NULL. */
+/* The fake driver's kernel launch (csrc/sim/driver/fakecuda_timeline.c):
+ * checks hStream and puts the kernel's work on its timeline; cycles >= 0
+ * for torch's _sleep kernel, -1 for any other. */
+CUresult fakecuda_launch(CUstream hStream, long long cycles);
+
+/* rt_symbol.c: the host copy of a __device__ variable registered with
+ * __cudaRegisterVar (allocated on first use), or NULL; how many are
+ * registered. */
 void *rt_symbol_address(const void *symbol, size_t *size);
+uint64_t rt_symbol_count(void);
 /* rt_launch.c: counters for the report. */
 void rt_launch_report(sim_sb_t *sb);
 /* rt_memory.c: host-allocation counters for the report. */

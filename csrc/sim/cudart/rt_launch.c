@@ -1,9 +1,9 @@
 /*
  * rt_launch.c - kernels in the fake runtime: the host-side registration
  * calls nvcc's generated code makes at load time (__cudaRegisterFatBinary
- * and friends), the launch configuration stack (<<<...>>>), launches (which
- * do nothing), function attributes, occupancy, and __device__ variables
- * (cudaGetSymbolAddress, cudaMemcpyToSymbol).
+ * and friends; __device__ variables are rt_symbol.c's), the launch
+ * configuration stack (<<<...>>>), launches (which compute nothing),
+ * function attributes and occupancy.
  *
  * Launch path of CUDA 13 host stubs (crt/host_runtime.h): the stub for
  * k<<<g, b, s, st>>>(args) calls __cudaPushCallConfiguration(g, b, s, st),
@@ -11,13 +11,14 @@
  * which must hand back exactly what was pushed, then __cudaLaunchKernel.
  * The stack is per thread (launches happen on autograd threads too).
  *
- * A launch only checks its stream, counts itself and returns cudaSuccess.
- * Device memory is never touched, so the output of a kernel is whatever the
- * memory held (zeros for fresh memory).
+ * A launch checks its stream, counts itself and hands its simulated work to
+ * the fake driver's timeline (fakecuda_launch): a fixed cost per kernel,
+ * except torch's _sleep kernel (at::cuda::sleep's spin_kernel(int64_t
+ * cycles), recognised by the device name it is registered with), which
+ * takes its cycles at the GPU's clock. Device memory is never touched, so
+ * the output of a kernel is whatever the memory held (zeros for fresh
+ * memory).
  *
- * __device__ variables: every __cudaRegisterVar is remembered (host
- * address -> size); the symbol's "device" copy is host memory allocated on
- * first use, so cudaMemcpyToSymbol/FromSymbol round-trip.
  */
 #include "rt_internal.h"
 
@@ -25,20 +26,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t n_fatbins, n_functions, n_vars, n_launches;
+static uint64_t n_fatbins, n_functions, n_launches;
+/* The host stub of torch's _sleep kernel, once registered (atomic). */
+static const void *sleep_kernel;
+
+/* torch's at::cuda::sleep kernel: spin_kernel(int64_t) in Sleep.cu, whose
+ * mangled name has an anonymous namespace named after the file. */
+static int is_sleep_kernel(const char *name)
+{
+    static const char tail[] = "11spin_kernelEl";
+    size_t n = name ? strlen(name) : 0, t = sizeof tail - 1;
+    return n > t && !strcmp(name + n - t, tail) && strstr(name, "Sleep_cu") &&
+           !strncmp(name, "_ZN2at4cuda", 11);
+}
 
 /* ------------------------------------------------------------------ */
 /* registration                                                         */
 
-typedef struct {
-    const void *host;
-    size_t size;
-    void *storage; /* allocated on first use */
-} rt_var_t;
-
-static pthread_mutex_t var_mu = PTHREAD_MUTEX_INITIALIZER;
-static rt_var_t *vars;
-static size_t nvars, capvars;
 
 /* The handle is a small heap object; the runtime never looks inside. */
 RT_API void **CUDARTAPI __cudaRegisterFatBinary(void *fatCubin)
@@ -71,51 +75,13 @@ RT_API void CUDARTAPI __cudaRegisterFunction(void **fatCubinHandle, const char *
                                              dim3 *gDim, int *wSize)
 {
     SIM_ENTRY("__cudaRegisterFunction");
-    (void)fatCubinHandle, (void)hostFun, (void)deviceFun, (void)deviceName, (void)thread_limit;
+    (void)fatCubinHandle, (void)deviceFun, (void)thread_limit;
     (void)tid, (void)bid, (void)bDim, (void)gDim, (void)wSize;
+    if (is_sleep_kernel(deviceName))
+        __atomic_store_n(&sleep_kernel, (const void *)hostFun, __ATOMIC_RELEASE);
     __atomic_fetch_add(&n_functions, 1, __ATOMIC_RELAXED);
 }
 
-static void register_var(const void *host, size_t size)
-{
-    pthread_mutex_lock(&var_mu);
-    if (nvars == capvars) {
-        size_t cap = capvars ? capvars * 2 : 1024;
-        rt_var_t *v = realloc(vars, cap * sizeof *v);
-        if (!v) {
-            pthread_mutex_unlock(&var_mu);
-            return;
-        }
-        vars = v;
-        capvars = cap;
-    }
-    vars[nvars].host = host;
-    vars[nvars].size = size;
-    vars[nvars].storage = NULL;
-    nvars++;
-    pthread_mutex_unlock(&var_mu);
-    __atomic_fetch_add(&n_vars, 1, __ATOMIC_RELAXED);
-}
-
-RT_API void CUDARTAPI __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *deviceAddress,
-                                        const char *deviceName, int ext, size_t size, int constant,
-                                        int global)
-{
-    SIM_ENTRY("__cudaRegisterVar");
-    (void)fatCubinHandle, (void)deviceAddress, (void)deviceName, (void)ext, (void)constant;
-    (void)global;
-    register_var(hostVar, size);
-}
-
-RT_API void CUDARTAPI __cudaRegisterManagedVar(void **fatCubinHandle, void **hostVarPtrAddress,
-                                               char *deviceAddress, const char *deviceName, int ext,
-                                               size_t size, int constant, int global)
-{
-    SIM_ENTRY("__cudaRegisterManagedVar");
-    (void)fatCubinHandle, (void)deviceAddress, (void)deviceName, (void)ext, (void)constant;
-    (void)global;
-    register_var(hostVarPtrAddress, size);
-}
 
 /* 1: the module's managed variables are initialised. */
 RT_API char CUDARTAPI __cudaInitModule(void **fatCubinHandle)
@@ -123,103 +89,6 @@ RT_API char CUDARTAPI __cudaInitModule(void **fatCubinHandle)
     SIM_ENTRY("__cudaInitModule");
     (void)fatCubinHandle;
     return 1;
-}
-
-void *rt_symbol_address(const void *symbol, size_t *size)
-{
-    void *p = NULL;
-    pthread_mutex_lock(&var_mu);
-    for (size_t i = 0; i < nvars; i++) {
-        if (vars[i].host != symbol)
-            continue;
-        if (!vars[i].storage)
-            vars[i].storage = calloc(1, vars[i].size ? vars[i].size : 1);
-        p = vars[i].storage;
-        if (size)
-            *size = vars[i].size;
-        break;
-    }
-    pthread_mutex_unlock(&var_mu);
-    return p;
-}
-
-RT_API cudaError_t CUDARTAPI cudaGetSymbolAddress(void **devPtr, const void *symbol)
-{
-    SIM_ENTRY("cudaGetSymbolAddress");
-    cudaError_t e = rt_ctx();
-    if (e != cudaSuccess)
-        return rt_err(e);
-    void *p = rt_symbol_address(symbol, NULL);
-    if (!devPtr || !p)
-        return rt_err(devPtr ? cudaErrorInvalidSymbol : cudaErrorInvalidValue);
-    *devPtr = p;
-    return cudaSuccess;
-}
-
-RT_API cudaError_t CUDARTAPI cudaGetSymbolSize(size_t *size, const void *symbol)
-{
-    SIM_ENTRY("cudaGetSymbolSize");
-    cudaError_t e = rt_ctx();
-    if (e != cudaSuccess)
-        return rt_err(e);
-    if (!size)
-        return rt_err(cudaErrorInvalidValue);
-    return rt_symbol_address(symbol, size) ? cudaSuccess : rt_err(cudaErrorInvalidSymbol);
-}
-
-static cudaError_t symbol_copy(void *dst, const void *src, const void *symbol, size_t count,
-                               size_t offset, int to_symbol)
-{
-    size_t size = 0;
-    cudaError_t e = rt_ctx();
-    if (e != cudaSuccess)
-        return rt_err(e);
-    char *p = rt_symbol_address(symbol, &size);
-    if (!p)
-        return rt_err(cudaErrorInvalidSymbol);
-    if (offset > size || count > size - offset)
-        return rt_err(cudaErrorInvalidValue);
-    if (count == 0)
-        return cudaSuccess;
-    if (to_symbol)
-        memmove(p + offset, src, count);
-    else
-        memmove(dst, p + offset, count);
-    return cudaSuccess;
-}
-
-RT_API cudaError_t CUDARTAPI cudaMemcpyToSymbol(const void *symbol, const void *src, size_t count,
-                                                size_t offset, enum cudaMemcpyKind kind)
-{
-    SIM_ENTRY("cudaMemcpyToSymbol");
-    (void)kind;
-    return symbol_copy(NULL, src, symbol, count, offset, 1);
-}
-
-RT_API cudaError_t CUDARTAPI cudaMemcpyToSymbolAsync(const void *symbol, const void *src,
-                                                     size_t count, size_t offset,
-                                                     enum cudaMemcpyKind kind, cudaStream_t stream)
-{
-    SIM_ENTRY("cudaMemcpyToSymbolAsync");
-    (void)kind, (void)stream;
-    return symbol_copy(NULL, src, symbol, count, offset, 1);
-}
-
-RT_API cudaError_t CUDARTAPI cudaMemcpyFromSymbol(void *dst, const void *symbol, size_t count,
-                                                  size_t offset, enum cudaMemcpyKind kind)
-{
-    SIM_ENTRY("cudaMemcpyFromSymbol");
-    (void)kind;
-    return symbol_copy(dst, NULL, symbol, count, offset, 0);
-}
-
-RT_API cudaError_t CUDARTAPI cudaMemcpyFromSymbolAsync(void *dst, const void *symbol, size_t count,
-                                                       size_t offset, enum cudaMemcpyKind kind,
-                                                       cudaStream_t stream)
-{
-    SIM_ENTRY("cudaMemcpyFromSymbolAsync");
-    (void)kind, (void)stream;
-    return symbol_copy(dst, NULL, symbol, count, offset, 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -272,9 +141,9 @@ RT_API cudaError_t CUDARTAPI __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blo
 /* launches                                                             */
 
 /* The checks a real launch makes before it is queued. */
-static cudaError_t launch(const void *func, dim3 grid, dim3 block, cudaStream_t stream)
+static cudaError_t launch(const void *func, dim3 grid, dim3 block, cudaStream_t stream,
+                          void **args)
 {
-    unsigned int flags;
     cudaError_t e = rt_ctx();
     if (e != cudaSuccess)
         return rt_err(e);
@@ -284,7 +153,10 @@ static cudaError_t launch(const void *func, dim3 grid, dim3 block, cudaStream_t 
         block.z == 0 || (unsigned long long)block.x * block.y * block.z > 1024 || grid.y > 65535 ||
         grid.z > 65535 || block.z > 64)
         return rt_err(cudaErrorInvalidConfiguration);
-    if ((e = rt_cu(cuStreamGetFlags(stream, &flags))) != cudaSuccess)
+    long long cycles = -1;
+    if (func == __atomic_load_n(&sleep_kernel, __ATOMIC_ACQUIRE) && args && args[0])
+        memcpy(&cycles, args[0], sizeof cycles);
+    if ((e = rt_cu(fakecuda_launch(stream, cycles < 0 ? -1 : cycles))) != cudaSuccess)
         return e;
     __atomic_fetch_add(&n_launches, 1, __ATOMIC_RELAXED);
     return cudaSuccess;
@@ -312,8 +184,8 @@ RT_API cudaError_t CUDARTAPI __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDi
                                                 void **args, size_t sharedMem, cudaStream_t stream)
 {
     SIM_ENTRY("__cudaLaunchKernel");
-    (void)args, (void)sharedMem;
-    return launch(kernel, gridDim, blockDim, stream);
+    (void)sharedMem;
+    return launch(kernel, gridDim, blockDim, stream, args);
 }
 
 RT_API cudaError_t CUDARTAPI __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim,
@@ -321,24 +193,24 @@ RT_API cudaError_t CUDARTAPI __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 g
                                                      cudaStream_t stream)
 {
     SIM_ENTRY("__cudaLaunchKernel_ptsz");
-    (void)args, (void)sharedMem;
-    return launch(kernel, gridDim, blockDim, rt_ptsz(stream));
+    (void)sharedMem;
+    return launch(kernel, gridDim, blockDim, rt_ptsz(stream), args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim,
                                               void **args, size_t sharedMem, cudaStream_t stream)
 {
     SIM_ENTRY("cudaLaunchKernel");
-    (void)args, (void)sharedMem;
-    return launch(func, gridDim, blockDim, stream);
+    (void)sharedMem;
+    return launch(func, gridDim, blockDim, stream, args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim,
                                                    void **args, size_t sharedMem, cudaStream_t stream)
 {
     SIM_ENTRY("cudaLaunchKernel_ptsz");
-    (void)args, (void)sharedMem;
-    return launch(func, gridDim, blockDim, rt_ptsz(stream));
+    (void)sharedMem;
+    return launch(func, gridDim, blockDim, rt_ptsz(stream), args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchCooperativeKernel(const void *func, dim3 gridDim,
@@ -346,8 +218,8 @@ RT_API cudaError_t CUDARTAPI cudaLaunchCooperativeKernel(const void *func, dim3 
                                                          size_t sharedMem, cudaStream_t stream)
 {
     SIM_ENTRY("cudaLaunchCooperativeKernel");
-    (void)args, (void)sharedMem;
-    return launch(func, gridDim, blockDim, stream);
+    (void)sharedMem;
+    return launch(func, gridDim, blockDim, stream, args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchCooperativeKernel_ptsz(const void *func, dim3 gridDim,
@@ -355,28 +227,26 @@ RT_API cudaError_t CUDARTAPI cudaLaunchCooperativeKernel_ptsz(const void *func, 
                                                               size_t sharedMem, cudaStream_t stream)
 {
     SIM_ENTRY("cudaLaunchCooperativeKernel_ptsz");
-    (void)args, (void)sharedMem;
-    return launch(func, gridDim, blockDim, rt_ptsz(stream));
+    (void)sharedMem;
+    return launch(func, gridDim, blockDim, rt_ptsz(stream), args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func,
                                                  void **args)
 {
     SIM_ENTRY("cudaLaunchKernelExC");
-    (void)args;
     if (!config)
         return rt_err(cudaErrorInvalidValue);
-    return launch(func, config->gridDim, config->blockDim, config->stream);
+    return launch(func, config->gridDim, config->blockDim, config->stream, args);
 }
 
 RT_API cudaError_t CUDARTAPI cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t *config,
                                                       const void *func, void **args)
 {
     SIM_ENTRY("cudaLaunchKernelExC_ptsz");
-    (void)args;
     if (!config)
         return rt_err(cudaErrorInvalidValue);
-    return launch(func, config->gridDim, config->blockDim, rt_ptsz(config->stream));
+    return launch(func, config->gridDim, config->blockDim, rt_ptsz(config->stream), args);
 }
 
 /* ------------------------------------------------------------------ */
@@ -481,6 +351,6 @@ void rt_launch_report(sim_sb_t *sb)
                       "\"launches\": %llu}",
                   (unsigned long long)__atomic_load_n(&n_fatbins, __ATOMIC_RELAXED),
                   (unsigned long long)__atomic_load_n(&n_functions, __ATOMIC_RELAXED),
-                  (unsigned long long)__atomic_load_n(&n_vars, __ATOMIC_RELAXED),
+                  (unsigned long long)rt_symbol_count(),
                   (unsigned long long)__atomic_load_n(&n_launches, __ATOMIC_RELAXED));
 }

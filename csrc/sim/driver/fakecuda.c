@@ -4,8 +4,9 @@
  * failure injection, devices, primary contexts and the per-thread context
  * stack, and the sorted vector every table uses.
  *
- * Memory (cuMemAlloc and the VMM calls) is in fakecuda_mem.c, streams and
- * events in fakecuda_sync.c, error strings, the JSON report and the other
+ * Memory (cuMemAlloc and the VMM calls) is in fakecuda_mem.c, streams in
+ * fakecuda_sync.c, events in fakecuda_event.c, simulated time in
+ * fakecuda_timeline.c, error strings, the JSON report and the other
  * fakecuda_* control functions in fakecuda_report.c. README.md documents the
  * behaviour.
  *
@@ -168,6 +169,11 @@ int fc_parse_size(const char *s, size_t *out)
 
 int fc_parse_event_mode(const char *s, int *mode, long *after)
 {
+    if (strcmp(s, "timeline") == 0) {
+        *mode = FC_EV_TIMELINE;
+        *after = 0;
+        return 0;
+    }
     if (strcmp(s, "immediate") == 0) {
         *mode = FC_EV_IMMEDIATE;
         *after = 0;
@@ -313,7 +319,8 @@ static int load_config_unlocked(void)
     const char *v;
     int ndev = 1;
     size_t memory = 80ull << 30, gran = 2ull << 20, fail_above = 0, context_memory = 0;
-    int ev_mode = fc.ev_mode; /* FC_EV_IMMEDIATE unless set_event_mode ran before */
+    int ev_mode = fc.ev_mode; /* FC_EV_TIMELINE unless set_event_mode ran before */
+    int context_set = 0;
     long ev_after = fc.ev_after;
     fc_fail_rule_t rules[FC_MAX_FAIL_RULES];
     int nrules = -1;
@@ -339,6 +346,7 @@ static int load_config_unlocked(void)
         }
     }
     if ((v = config_env("CONTEXT_MEMORY", &var))) {
+        context_set = 1;
         if (fc_parse_size(v, &context_memory)) {
             fprintf(stderr, "fakecuda: %s='%s' is invalid: expected a size such as 300MiB "
                             "(or 0)\n", var, v);
@@ -364,7 +372,7 @@ static int load_config_unlocked(void)
     if ((v = config_env("EVENTS", &var))) {
         if (fc_parse_event_mode(v, &ev_mode, &ev_after)) {
             fprintf(stderr, "fakecuda: %s='%s' is invalid: expected "
-                            "'immediate', 'never' or 'after:N'\n", var, v);
+                            "'timeline', 'immediate', 'never' or 'after:N'\n", var, v);
             return -1;
         }
     }
@@ -402,7 +410,8 @@ static int load_config_unlocked(void)
 
     fc.ndev = ndev;
     fc.memory = memory;
-    fc.context_memory = context_memory;
+    /* GPUMEM_SIM_CONTEXT_MEMORY overrides the model's figure */
+    fc.context_memory = context_set ? context_memory : (size_t)gpu.context_mib << 20;
     fc.gpu = gpu;
     fc.granularity = gran;
     fc.fail_above = fail_above;
@@ -530,8 +539,8 @@ FC_API int fakecuda_configure(const char *spec)
         } else if (key_is(it, "events")) {
             set_events = 1;
             if (fc_parse_event_mode(v, &ev_mode, &ev_after))
-                snprintf(err, sizeof err, "events='%s': expected 'immediate', 'never' or "
-                                          "'after:N'", v);
+                snprintf(err, sizeof err, "events='%s': expected 'timeline', 'immediate', "
+                                          "'never' or 'after:N'", v);
         } else if (key_is(it, "fail")) {
             set_fail = 1;
             fail_spec = v;
@@ -599,6 +608,7 @@ CUresult fc_enter_unlocked(int fn, int need_init)
 {
     fc.calls[fn]++;
     fc.fail_seen[fn]++;
+    fc.host_ns += FC_TL_HOST_CALL_NS; /* Note [Device timeline] */
     CUresult r = fc_injected_unlocked(fn);
     if (r != CUDA_SUCCESS)
         return r;

@@ -5,9 +5,11 @@
  * DtoD/async/peer variants, cuMemsetD8Async, cuMemsetD32, cuPointerGetAttribute
  * and cuMemGetAddressRange.
  *
- * Nothing runs asynchronously: an "async" copy or memset happens before the
- * call returns, which is one valid schedule of the real thing. The stream
- * argument is still checked (INVALID_HANDLE for a dead stream).
+ * The data moves before the call returns, which is one valid schedule of
+ * the real thing; in the timeline mode the copy also takes simulated time
+ * on its stream, and a synchronous copy involving host memory makes the
+ * host wait for it (Note [Device timeline]). The stream argument is
+ * checked (INVALID_HANDLE for a dead stream).
  *
  * Device ranges are checked like cuMemcpyHtoD does (inside one allocation,
  * or inside mappings the device may access). A pointer that is not device
@@ -66,6 +68,8 @@ FC_API CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
     if ((res = prologue_unlocked(0, NULL)) != CUDA_SUCCESS)
         goto done;
     res = copy_unlocked(dst, -1, src, -1, ByteCount);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(NULL, dst, src, ByteCount, 1);
     FC_END();
 }
 
@@ -76,6 +80,8 @@ FC_API CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t B
     if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
         goto done;
     res = copy_unlocked(dst, -1, src, -1, ByteCount);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(hStream, dst, src, ByteCount, 0);
     FC_END();
 }
 
@@ -86,6 +92,8 @@ FC_API CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDe
     if ((res = prologue_unlocked(0, NULL)) != CUDA_SUCCESS)
         goto done;
     res = copy_unlocked(dstDevice, 1, srcDevice, 1, ByteCount);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(NULL, dstDevice, srcDevice, ByteCount, 1);
     FC_END();
 }
 
@@ -96,6 +104,8 @@ FC_API CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *
     if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
         goto done;
     res = copy_unlocked(dstDevice, 1, (uint64_t)(uintptr_t)srcHost, 0, ByteCount);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(hStream, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount, 0);
     FC_END();
 }
 
@@ -106,6 +116,8 @@ FC_API CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevic
     if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
         goto done;
     res = copy_unlocked((uint64_t)(uintptr_t)dstHost, 0, srcDevice, 1, ByteCount);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(hStream, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount, 0);
     FC_END();
 }
 
@@ -116,6 +128,8 @@ FC_API CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr 
     if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
         goto done;
     res = copy_unlocked(dstDevice, 1, srcDevice, 1, ByteCount);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(hStream, dstDevice, srcDevice, ByteCount, 0);
     FC_END();
 }
 
@@ -138,6 +152,8 @@ FC_API CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext
     if (!is_primary_ctx(dstContext) || !is_primary_ctx(srcContext))
         FC_FAIL(CUDA_ERROR_INVALID_CONTEXT);
     res = copy_unlocked(dstDevice, 1, srcDevice, 1, ByteCount);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(NULL, dstDevice, srcDevice, ByteCount, 1);
     FC_END();
 }
 
@@ -151,6 +167,8 @@ FC_API CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstCo
     if (!is_primary_ctx(dstContext) || !is_primary_ctx(srcContext))
         FC_FAIL(CUDA_ERROR_INVALID_CONTEXT);
     res = copy_unlocked(dstDevice, 1, srcDevice, 1, ByteCount);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(hStream, dstDevice, srcDevice, ByteCount, 0);
     FC_END();
 }
 
@@ -179,6 +197,8 @@ FC_API CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc,
     if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
         goto done;
     res = set_unlocked(dstDevice, uc, 1, N);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(hStream, dstDevice, 0, N, 0);
     FC_END();
 }
 
@@ -188,6 +208,8 @@ FC_API CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, s
     if ((res = prologue_unlocked(0, NULL)) != CUDA_SUCCESS)
         goto done;
     res = set_unlocked(dstDevice, ui, 4, N);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(NULL, dstDevice, 0, N * 4, 0);
     FC_END();
 }
 
@@ -198,6 +220,8 @@ FC_API CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui,
     if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
         goto done;
     res = set_unlocked(dstDevice, ui, 4, N);
+    if (res == CUDA_SUCCESS)
+        fc_tl_copy_unlocked(hStream, dstDevice, 0, N * 4, 0);
     FC_END();
 }
 

@@ -9,7 +9,13 @@
  *
  *   name=NVIDIA L4;sm=58;cc=8.9;threads_per_sm=1536;blocks_per_sm=24;
  *   smem_per_sm=102400;smem_per_block_optin=101376;l2=50331648;
- *   regs_per_sm=65536;clock_khz=2040000;mem_clock_khz=6251000;bus_bits=192
+ *   regs_per_sm=65536;clock_khz=2040000;mem_clock_khz=6251000;bus_bits=192;
+ *   mem_bw_gbs=300;pcie_gbs=32;context_mib=340
+ *
+ * mem_bw_gbs and pcie_gbs set the speed of copies and memsets on the device
+ * timeline (Note [Device timeline]); context_mib the device memory the
+ * primary context holds (Note [Context memory]; GPUMEM_SIM_CONTEXT_MEMORY
+ * overrides it).
  *
  * Keys not given keep the H100's value; an unknown key or a bad number
  * makes cuInit fail (with one line on stderr), as every other bad
@@ -38,6 +44,9 @@ void fc_gpu_default(fc_gpu_t *g)
     g->clock_khz = 1980000;
     g->mem_clock_khz = 2619000;
     g->bus_bits = 5120;
+    g->mem_bw_gbs = 3350; /* HBM3, H100 SXM5 data sheet */
+    g->pcie_gbs = 64;     /* PCIe Gen5 x16, one direction */
+    g->context_mib = 0;   /* the bare driver's context holds nothing (Note [Context memory]) */
 }
 
 /* *out = the decimal integer s (1 .. 2**31 - 1); 0 on success. */
@@ -93,6 +102,9 @@ int fc_gpu_parse(const char *spec, fc_gpu_t *g, char *err, size_t errlen)
         {"clock_khz", offsetof(fc_gpu_t, clock_khz)},
         {"mem_clock_khz", offsetof(fc_gpu_t, mem_clock_khz)},
         {"bus_bits", offsetof(fc_gpu_t, bus_bits)},
+        {"mem_bw_gbs", offsetof(fc_gpu_t, mem_bw_gbs)},
+        {"pcie_gbs", offsetof(fc_gpu_t, pcie_gbs)},
+        {"context_mib", offsetof(fc_gpu_t, context_mib)},
     };
     fc_gpu_default(g);
     const char *p = spec;

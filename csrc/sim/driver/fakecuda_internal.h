@@ -80,7 +80,7 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
     X(cuMemcpyPeerAsync) X(cuMemsetD8Async) X(cuMemsetD32_v2)               \
     X(cuMemsetD32Async) X(cuPointerGetAttribute) X(cuMemGetAddressRange_v2) \
     X(cuStreamWriteValue32_v2) X(cuMemGetAllocationPropertiesFromHandle)    \
-    /* streams and events, runtime-level (fakecuda_sync.c) */               \
+    /* streams and events, runtime-level (fakecuda_sync.c, _event.c) */    \
     X(cuCtxGetStreamPriorityRange) X(cuStreamCreateWithPriority)            \
     X(cuStreamGetPriority) X(cuStreamGetFlags) X(cuStreamGetId)             \
     X(cuStreamGetDevice) X(cuStreamWaitEvent) X(cuEventRecordWithFlags)     \
@@ -135,6 +135,10 @@ typedef struct fc_device fc_device_t;
 struct CUctx_st {
     int device;                 /* immutable after init */
     int refcount;               /* primary-context retains outstanding */
+    /* Note [Device timeline], simulated ns; protected by fc.mu */
+    uint64_t tl_legacy;         /* ready time of the legacy (and per-thread) stream */
+    uint64_t tl_blocking;       /* >= every blocking stream's ready time */
+    uint64_t tl_all;            /* >= every stream's ready time */
 };
 
 struct fc_device {
@@ -148,6 +152,8 @@ struct fc_device {
     size_t peak_used;           /* max of fc_used() */
     size_t n_allocs, n_handles, n_phys, n_reservations, n_mappings;
     size_t n_events, n_streams;
+    uint64_t va_base;           /* cuMemAlloc's address range, 0 until needed */
+    size_t va_size;             /* (fakecuda_va.c, Note [Device addresses]) */
 };
 
 /* Device memory in use: allocations, physical VMM memory, and the memory an
@@ -194,6 +200,7 @@ typedef struct {
     struct CUctx_st *ctx;
     unsigned int flags;
     int priority;               /* clamped into [FC_PRIO_GREATEST, FC_PRIO_LEAST] */
+    uint64_t tl_ready;          /* when its enqueued work is done (timeline mode) */
 } fc_stream_t;
 
 /* Stream priorities, as an H100 reports them (cuCtxGetStreamPriorityRange). */
@@ -206,9 +213,17 @@ typedef struct {
     int sm_count, cc_major, cc_minor, threads_per_sm, blocks_per_sm;
     int smem_per_sm, smem_per_block_optin, l2_bytes, regs_per_sm;
     int clock_khz, mem_clock_khz, bus_bits;
+    int mem_bw_gbs, pcie_gbs;   /* memory and host-link bandwidth, GB/s (one way) */
+    int context_mib;            /* what an active primary context holds; 0: none */
 } fc_gpu_t;
 
-enum { FC_EV_IMMEDIATE, FC_EV_NEVER, FC_EV_AFTER };
+/* timeline (the default) first, so that a zeroed state means it */
+enum { FC_EV_TIMELINE, FC_EV_IMMEDIATE, FC_EV_NEVER, FC_EV_AFTER };
+
+/* The cost model of Note [Device timeline] (fakecuda_timeline.c), ns. */
+#define FC_TL_HOST_CALL_NS 1000 /* host time of every driver call */
+#define FC_TL_KERNEL_NS 5000    /* device time of a kernel */
+#define FC_TL_COPY_NS 2000      /* fixed device time of a copy or memset */
 
 typedef struct {
     uint64_t handle;
@@ -219,6 +234,8 @@ typedef struct {
     long remaining;             /* FC_EV_AFTER: NOT_READY answers left; -1: never */
     uint64_t stream_key;        /* which stream the last record captured */
     double recorded_ms;         /* CLOCK_MONOTONIC at the last record, for elapsed time */
+    int timed;                  /* recorded in timeline mode: complete when host_ns >= t_ns */
+    uint64_t t_ns;              /* the stream's ready time at the record (timeline) */
 } fc_event_t;
 
 typedef struct {
@@ -242,6 +259,7 @@ typedef struct {
     long report_pid;            /* only this process writes the report */
     int ev_mode;
     long ev_after;
+    uint64_t host_ns;           /* the simulated host clock (Note [Device timeline]) */
     fc_device_t dev[FC_MAX_DEVICES];
 
     uint64_t calls[FN_COUNT];     /* reported; reset by fakecuda_reset_counters */
@@ -323,6 +341,16 @@ int fc_accessible_unlocked(uint64_t p, size_t n, int write);
 int fc_lookup_device_ptr_unlocked(uint64_t p, uint64_t *base, size_t *size, int *dev);
 int fc_mem_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
 
+/* fakecuda_event.c: one poll of an event (a query: 1 when complete, which
+ * may complete it), and "recorded and not complete" without polling. */
+int fc_event_poll_unlocked(fc_event_t *e);
+int fc_event_pending(const fc_event_t *e);
+
+/* fakecuda_va.c: place a cuMemAlloc of size bytes on dev (0; -1 when the
+ * range is full or mmap fails), and give its range back. */
+int fc_va_alloc_unlocked(int dev, size_t size, uint64_t *ptr, size_t *map_size);
+void fc_va_free_unlocked(uint64_t ptr, size_t map_size);
+
 /* fakecuda_sync.c */
 void fc_sync_reset_ctx_unlocked(struct CUctx_st *ctx);
 /* Which stream h means (a key events remember) and its context; the
@@ -334,6 +362,18 @@ void fc_sync_complete_all_unlocked(void);
 int fc_parse_event_mode(const char *s, int *mode, long *after);
 size_t fc_sync_pending_events_unlocked(int dev);
 int fc_sync_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
+
+/* fakecuda_timeline.c (Note [Device timeline]); enqueue and copy do
+ * nothing outside the timeline mode. */
+uint64_t fc_tl_ready_unlocked(struct CUctx_st *ctx, uint64_t key);
+void fc_tl_enqueue_unlocked(struct CUctx_st *ctx, uint64_t key, uint64_t cost_ns);
+void fc_tl_wait_unlocked(struct CUctx_st *ctx, uint64_t key, uint64_t t);
+void fc_tl_host_wait_unlocked(uint64_t t);
+uint64_t fc_tl_kernel_ns(long long cycles);
+uint64_t fc_tl_copy_ns(size_t n, int dev_dst, int dev_src);
+/* A copy (src 0: a memset) on stream h of the current context; the host
+ * waits for it if host_waits and host memory is involved. */
+void fc_tl_copy_unlocked(CUstream h, uint64_t dst, uint64_t src, size_t n, int host_waits);
 
 /* report string builder (fakecuda_report.c) */
 /* JSON for the report goes through simjson.h's builder (sb is a sim_sb_t *). */

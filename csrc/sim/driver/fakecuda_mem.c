@@ -5,8 +5,8 @@
  * cuMemRelease, cuMemAddressFree, cuMemGetAllocationGranularity).
  *
  * "Device" memory is host memory. cuMemAlloc is an anonymous
- * MAP_NORESERVE mapping, so capacity can exceed RAM and untouched pages cost
- * nothing. See Note [VMM over a memfd] for the VMM calls.
+ * MAP_NORESERVE mapping placed in the device's address range (fakecuda_va.c),
+ * so capacity can exceed RAM and untouched pages cost nothing. See Note [VMM over a memfd] for the VMM calls.
  *
  * Invariants (checked by the tests through the report):
  *   bytes_allocated = sum of live cuMemAlloc sizes of the device;
@@ -78,20 +78,17 @@ FC_API CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     if (over_limit_unlocked(c->device, bytesize))
         FC_FAIL(CUDA_ERROR_OUT_OF_MEMORY);
-    size_t map = (bytesize + page_size() - 1) & ~(page_size() - 1);
-    if (map < bytesize)
-        FC_FAIL(CUDA_ERROR_OUT_OF_MEMORY);
-    void *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    if (p == MAP_FAILED)
+    uint64_t p;
+    size_t map;
+    if (fc_va_alloc_unlocked(c->device, bytesize, &p, &map)) /* Note [Device addresses] */
         FC_FAIL(CUDA_ERROR_OUT_OF_MEMORY);
     fc_alloc_t *a = malloc(sizeof *a);
-    if (!a || fc_vec_insert(&fc.allocs, (uint64_t)(uintptr_t)p, a) != 0) {
+    if (!a || fc_vec_insert(&fc.allocs, p, a) != 0) {
         free(a);
-        munmap(p, map);
+        fc_va_free_unlocked(p, map);
         FC_FAIL(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    a->ptr = (uint64_t)(uintptr_t)p;
+    a->ptr = p;
     a->size = bytesize;
     a->map_size = map;
     a->device = c->device;
@@ -104,7 +101,7 @@ FC_API CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 
 static void free_alloc_unlocked(fc_alloc_t *a)
 {
-    munmap((void *)(uintptr_t)a->ptr, a->map_size);
+    fc_va_free_unlocked(a->ptr, a->map_size);
     fc.dev[a->device].bytes_allocated -= a->size;
     fc.dev[a->device].n_allocs--;
     free(a);
@@ -241,6 +238,7 @@ FC_API CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHo
     if (!srcHost || !fc_accessible_unlocked(dstDevice, ByteCount, 1))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+    fc_tl_copy_unlocked(NULL, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount, 1);
     FC_END();
 }
 
@@ -255,6 +253,7 @@ FC_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, si
     if (!dstHost || !fc_accessible_unlocked(srcDevice, ByteCount, 0))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+    fc_tl_copy_unlocked(NULL, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount, 1);
     FC_END();
 }
 
@@ -269,6 +268,7 @@ FC_API CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, s
     if (!fc_accessible_unlocked(dstDevice, N, 1))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     memset((void *)(uintptr_t)dstDevice, uc, N);
+    fc_tl_copy_unlocked(NULL, dstDevice, 0, N, 0);
     FC_END();
 }
 

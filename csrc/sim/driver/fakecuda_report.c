@@ -169,7 +169,9 @@ FC_API CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr)
 
 static void event_mode_string(char *buf, size_t len)
 {
-    if (fc.ev_mode == FC_EV_IMMEDIATE)
+    if (fc.ev_mode == FC_EV_TIMELINE)
+        snprintf(buf, len, "timeline");
+    else if (fc.ev_mode == FC_EV_IMMEDIATE)
         snprintf(buf, len, "immediate");
     else if (fc.ev_mode == FC_EV_NEVER)
         snprintf(buf, len, "never");
@@ -289,8 +291,8 @@ FC_API void fakecuda_set_event_mode(const char *mode)
     int m;
     long after;
     if (!mode || fc_parse_event_mode(mode, &m, &after)) {
-        fprintf(stderr, "fakecuda: fakecuda_set_event_mode('%s') ignored: expected 'immediate', "
-                        "'never' or 'after:N'\n", mode ? mode : "(null)");
+        fprintf(stderr, "fakecuda: fakecuda_set_event_mode('%s') ignored: expected 'timeline', "
+                        "'immediate', 'never' or 'after:N'\n", mode ? mode : "(null)");
         return;
     }
     fc_lock();
@@ -368,6 +370,8 @@ FC_API long long fakecuda_query(const char *key, int device)
         v = (long long)t;
     } else if (strcmp(key, "initialized") == 0) {
         v = fc.initialized;
+    } else if (strcmp(key, "host_ns") == 0) {
+        v = (long long)fc.host_ns;
     } else if (strcmp(key, "devices") == 0) {
         v = fc.ndev;
     } else if (strcmp(key, "memory") == 0) {
