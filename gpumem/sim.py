@@ -153,7 +153,8 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
 
     base: the environment to start from (default os.environ). The fakes go
     in front of any LD_PRELOAD already there; GPUMEM_LIBCUDA points gpumem's
-    CUDA backend at the same fake driver.
+    CUDA backend at the same fake driver, and TRITON_LIBCUDA_PATH (unless
+    set) Triton, so torch.compile works with no setup.
     """
     env = dict(os.environ if base is None else base)
     libs = libraries(cuda_major)
@@ -163,6 +164,10 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
     env["LD_PRELOAD"] = ":".join(preload)
     env["GPUMEM_SIM_LIB_DIR"] = str(next(iter(libs.values())).parent)
     env["GPUMEM_LIBCUDA"] = str(libs["libcuda.so.1"])
+    # Triton links its launcher against libcuda.so.1 from this directory
+    # (triton/backends/nvidia/driver.py, libcuda_dirs()); a user's own
+    # setting wins.
+    env.setdefault("TRITON_LIBCUDA_PATH", env["GPUMEM_SIM_LIB_DIR"])
     from gpumem import sim_gpus
     if gpu is not None:
         try:

@@ -56,8 +56,10 @@ AUTO = "auto"
 # The fake driver (kept compatible with tests/fakecuda/build.py).
 DRIVER_SOURCES = ("fakecuda.c", "fakecuda_report.c", "fakecuda_mem.c", "fakecuda_sync.c",
                   "fakecuda_copy.c", "fakecuda_stubs.c", "fakecuda_gpu.c", "fakecuda_timeline.c",
-                  "fakecuda_va.c", "fakecuda_event.c")
-DRIVER_HEADERS = ("fakecuda_internal.h", "cuda_min.h")
+                  "fakecuda_va.c", "fakecuda_event.c", "fakecuda_image.c", "fakecuda_ptx.c",
+                  "fakecuda_module.c", "fakecuda_func.c", "fakecuda_limit.c", "fakecuda_launch.c",
+                  "fakecuda_tensormap.c")
+DRIVER_HEADERS = ("fakecuda_internal.h", "fakecuda_image.h", "cuda_min.h")
 DRIVER_MAP = "libcuda.map"
 DRIVER_SONAME = "libcuda.so.1"
 

@@ -817,6 +817,8 @@ static void reset_ctx_unlocked(struct CUctx_st *c)
 {
     fc_mem_reset_device_unlocked(c->device);
     fc_sync_reset_ctx_unlocked(c);
+    fc_module_reset_ctx_unlocked(c);
+    memset(c->limits, 0, sizeof c->limits);
 }
 
 /*

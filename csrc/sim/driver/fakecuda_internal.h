@@ -25,6 +25,7 @@
 #endif
 
 #include "simjson.h"
+#include "fakecuda_image.h"
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -93,6 +94,11 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
     X(cuLinkComplete) X(cuFuncGetAttribute) X(cuFuncSetAttribute)           \
     X(cuFuncSetCacheConfig) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)  \
     X(cuTensorMapEncodeTiled)                                               \
+    /* modules, functions, limits, launches, tensor maps for Triton and     \
+     * Inductor (fakecuda_module.c, _func.c, _limit.c, _launch.c,           \
+     * _tensormap.c) */                                                     \
+    X(cuFuncGetName) X(cuCtxSetLimit) X(cuCtxGetLimit) X(cuLaunchKernelEx)  \
+    X(cuOccupancyMaxActiveClusters) X(cuTensorMapEncodeIm2col)              \
     /* required by torch's DriverAPI (expandable segments); NOT_SUPPORTED */ \
     X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)       \
     X(cuMemRetainAllocationHandle)
@@ -131,6 +137,7 @@ void fc_vec_remove_at(fc_vec_t *vec, size_t idx);
 void *fc_vec_remove(fc_vec_t *vec, uint64_t key);
 
 /* ---- contexts and devices ---- */
+#define FC_LIMIT_COUNT 10       /* CU_LIMIT_STACK_SIZE .. CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED */
 typedef struct fc_device fc_device_t;
 struct CUctx_st {
     int device;                 /* immutable after init */
@@ -139,6 +146,8 @@ struct CUctx_st {
     uint64_t tl_legacy;         /* ready time of the legacy (and per-thread) stream */
     uint64_t tl_blocking;       /* >= every blocking stream's ready time */
     uint64_t tl_all;            /* >= every stream's ready time */
+    size_t limits[FC_LIMIT_COUNT]; /* cuCtxSetLimit values; protected by fc.mu;
+                                      0 in a limit never set: its default */
 };
 
 struct fc_device {
@@ -274,6 +283,8 @@ typedef struct {
     fc_vec_t handles;           /* key: handle; unreleased handles only */
     fc_vec_t streams;           /* key: handle */
     fc_vec_t events;            /* key: handle */
+    fc_vec_t modules;           /* key: handle (fc_module_t *) */
+    fc_vec_t functions;         /* key: handle (fc_func_t *) of loaded modules */
     uint64_t next_id;
 
     int memfd;                  /* backing store of cuMemCreate; -1 until needed */
@@ -289,6 +300,30 @@ extern fc_state_t fc;
 #define FC_HANDLE_STREAM 0x5717000000000000ull
 #define FC_HANDLE_EVENT 0xe7e0000000000000ull
 #define FC_HANDLE_MEM 0x3e30000000000000ull
+#define FC_HANDLE_MODULE 0x30d0000000000000ull
+#define FC_HANDLE_FUNC 0xf0c0000000000000ull
+
+/* ---- modules and their functions (fakecuda_module.c) ---- */
+typedef struct fc_module fc_module_t;
+typedef struct {
+    uint64_t handle;            /* the CUfunction */
+    fc_module_t *mod;
+    const fc_kinfo_t *k;        /* in mod->img; immutable */
+    /* cuFuncSetAttribute / cuFuncSetCacheConfig; protected by fc.mu */
+    int max_dyn_shared;         /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
+    int carveout;               /* PREFERRED_SHARED_MEMORY_CARVEOUT, -1: none */
+    int cluster[3];             /* REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH, 0: none */
+    int non_portable;           /* NON_PORTABLE_CLUSTER_SIZE_ALLOWED */
+    int sched_pref;             /* CLUSTER_SCHEDULING_POLICY_PREFERENCE */
+    int cache_config;           /* CUfunc_cache */
+} fc_func_t;
+
+struct fc_module {
+    uint64_t handle;            /* the CUmodule */
+    struct CUctx_st *ctx;       /* loaded in; unloaded when it is reset */
+    fc_image_t img;             /* immutable after load */
+    fc_func_t *funcs;           /* one per kernel of img, in its order */
+};
 
 /* ---- entry/exit of every exported function ----
  * FC_BEGIN counts the call, applies failure injection and, when need_init,
@@ -363,6 +398,10 @@ int fc_parse_event_mode(const char *s, int *mode, long *after);
 size_t fc_sync_pending_events_unlocked(int dev);
 int fc_sync_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
 
+/* The driver's single kernel entry (exported; takes the lock itself): the
+ * checks of a launch on hStream, then its work on the timeline. */
+FC_API CUresult fakecuda_launch(CUstream hStream, long long cycles);
+
 /* fakecuda_timeline.c (Note [Device timeline]); enqueue and copy do
  * nothing outside the timeline mode. */
 uint64_t fc_tl_ready_unlocked(struct CUctx_st *ctx, uint64_t key);
@@ -374,6 +413,15 @@ uint64_t fc_tl_copy_ns(size_t n, int dev_dst, int dev_src);
 /* A copy (src 0: a memset) on stream h of the current context; the host
  * waits for it if host_waits and host memory is involved. */
 void fc_tl_copy_unlocked(CUstream h, uint64_t dst, uint64_t src, size_t n, int host_waits);
+
+/* fakecuda_module.c: a loaded function (INVALID_HANDLE for NULL, unknown
+ * or unloaded), and the unloading of a context's modules at its reset. */
+CUresult fc_func_lookup_unlocked(CUfunction h, fc_func_t **out);
+void fc_module_reset_ctx_unlocked(struct CUctx_st *ctx);
+/* fakecuda_func.c: the most threads a block of f may have (registers,
+ * .maxntid, the device), and how many blocks of it fit on one SM. */
+int fc_func_max_threads(const fc_func_t *f);
+int fc_func_blocks_per_sm(const fc_func_t *f, int threads, size_t dyn_smem);
 
 /* report string builder (fakecuda_report.c) */
 /* JSON for the report goes through simjson.h's builder (sb is a sim_sb_t *). */

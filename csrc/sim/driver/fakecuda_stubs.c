@@ -5,10 +5,12 @@
  * torch/lib/libcaffe2_nvrtc.so has DT_NEEDED libcuda.so.1 and imports these
  * names; torch loads it (RTLD_NOW) the first time a device guard asks the
  * driver for cuDevicePrimaryCtxGetState, so a missing name would abort the
- * process. The fake has no modules, kernels, JIT linker or tensor maps:
- * every one of these returns CUDA_ERROR_NOT_SUPPORTED after the usual
- * accounting (call counts, failure injection, the cuInit rule), and writes
- * nothing through its pointers.
+ * process. The fake has no JIT linker: the cuLink* functions return
+ * CUDA_ERROR_NOT_SUPPORTED after the usual accounting (call counts, failure
+ * injection, the cuInit rule), and write nothing through their pointers.
+ * (Modules, functions, launches and tensor maps are simulated:
+ * fakecuda_module.c, fakecuda_func.c, fakecuda_launch.c,
+ * fakecuda_tensormap.c.)
  *
  * The last three are in PyTorch's DriverAPI list of required driver
  * functions (c10/cuda/driver_api.h), which it resolves all at once when it
@@ -21,61 +23,6 @@
     FC_BEGIN(fn, 1);                                                        \
     FC_FAIL(CUDA_ERROR_NOT_SUPPORTED);                                      \
     FC_END()
-
-FC_API CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname)
-{
-    (void)module, (void)fname;
-    NOT_SUPPORTED(FN_cuModuleLoad);
-}
-
-FC_API CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)
-{
-    (void)module, (void)image;
-    NOT_SUPPORTED(FN_cuModuleLoadData);
-}
-
-FC_API CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image,
-                                           unsigned int numOptions, CUjit_option *options,
-                                           void **optionValues)
-{
-    (void)module, (void)image, (void)numOptions, (void)options, (void)optionValues;
-    NOT_SUPPORTED(FN_cuModuleLoadDataEx);
-}
-
-FC_API CUresult CUDAAPI cuModuleUnload(CUmodule hmod)
-{
-    (void)hmod;
-    NOT_SUPPORTED(FN_cuModuleUnload);
-}
-
-FC_API CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
-{
-    (void)hfunc, (void)hmod, (void)name;
-    NOT_SUPPORTED(FN_cuModuleGetFunction);
-}
-
-FC_API CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                       unsigned int gridDimZ, unsigned int blockDimX,
-                                       unsigned int blockDimY, unsigned int blockDimZ,
-                                       unsigned int sharedMemBytes, CUstream hStream,
-                                       void **kernelParams, void **extra)
-{
-    (void)f, (void)gridDimX, (void)gridDimY, (void)gridDimZ, (void)blockDimX, (void)blockDimY;
-    (void)blockDimZ, (void)sharedMemBytes, (void)hStream, (void)kernelParams, (void)extra;
-    NOT_SUPPORTED(FN_cuLaunchKernel);
-}
-
-FC_API CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
-                                                  unsigned int gridDimY, unsigned int gridDimZ,
-                                                  unsigned int blockDimX, unsigned int blockDimY,
-                                                  unsigned int blockDimZ,
-                                                  unsigned int sharedMemBytes, CUstream hStream,
-                                                  void **kernelParams)
-{
-    (void)f, (void)gridDimX, (void)gridDimY, (void)gridDimZ, (void)blockDimX, (void)blockDimY;
-    (void)blockDimZ, (void)sharedMemBytes, (void)hStream, (void)kernelParams;
-    NOT_SUPPORTED(FN_cuLaunchCooperativeKernel);
-}
 
 FC_API CUresult CUDAAPI cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options,
                                         void **optionValues, CUlinkState *stateOut)
@@ -97,44 +44,6 @@ FC_API CUresult CUDAAPI cuLinkComplete(CUlinkState state, void **cubinOut, size_
 {
     (void)state, (void)cubinOut, (void)sizeOut;
     NOT_SUPPORTED(FN_cuLinkComplete);
-}
-
-FC_API CUresult CUDAAPI cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
-{
-    (void)pi, (void)attrib, (void)hfunc;
-    NOT_SUPPORTED(FN_cuFuncGetAttribute);
-}
-
-FC_API CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)
-{
-    (void)hfunc, (void)attrib, (void)value;
-    NOT_SUPPORTED(FN_cuFuncSetAttribute);
-}
-
-FC_API CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
-{
-    (void)hfunc, (void)config;
-    NOT_SUPPORTED(FN_cuFuncSetCacheConfig);
-}
-
-FC_API CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func,
-                                                                    int blockSize,
-                                                                    size_t dynamicSMemSize)
-{
-    (void)numBlocks, (void)func, (void)blockSize, (void)dynamicSMemSize;
-    NOT_SUPPORTED(FN_cuOccupancyMaxActiveBlocksPerMultiprocessor);
-}
-
-FC_API CUresult CUDAAPI cuTensorMapEncodeTiled(
-    CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank,
-    void *globalAddress, const cuuint64_t *globalDim, const cuuint64_t *globalStrides,
-    const cuuint32_t *boxDim, const cuuint32_t *elementStrides, CUtensorMapInterleave interleave,
-    CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill)
-{
-    (void)tensorMap, (void)tensorDataType, (void)tensorRank, (void)globalAddress, (void)globalDim;
-    (void)globalStrides, (void)boxDim, (void)elementStrides, (void)interleave, (void)swizzle;
-    (void)l2Promotion, (void)oobFill;
-    NOT_SUPPORTED(FN_cuTensorMapEncodeTiled);
 }
 
 FC_API CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
