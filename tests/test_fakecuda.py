@@ -81,12 +81,16 @@ EXPECTED_CU = {
     "cuCtxGetStreamPriorityRange", "cuStreamCreateWithPriority", "cuStreamGetPriority",
     "cuStreamGetFlags", "cuStreamGetId", "cuStreamGetDevice", "cuStreamWaitEvent",
     "cuEventRecordWithFlags", "cuEventElapsedTime_v2",
-    # imported by torch/lib/libcaffe2_nvrtc.so (must exist for it to load)
+    # imported by torch/lib/libcaffe2_nvrtc.so (must exist for it to load;
+    # simulated in fakecuda_module.c, _func.c, _launch.c, _tensormap.c)
     "cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleUnload",
     "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchCooperativeKernel", "cuLinkCreate_v2",
     "cuLinkAddData_v2", "cuLinkComplete", "cuFuncGetAttribute", "cuFuncSetAttribute",
     "cuFuncSetCacheConfig", "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     "cuTensorMapEncodeTiled",
+    # Triton's launcher (triton/backends/nvidia/driver.c) and Inductor
+    "cuFuncGetName", "cuCtxSetLimit", "cuCtxGetLimit", "cuLaunchKernelEx",
+    "cuOccupancyMaxActiveClusters", "cuTensorMapEncodeIm2col",
     # in torch's DriverAPI list of required driver functions
     "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
     "cuMemRetainAllocationHandle",

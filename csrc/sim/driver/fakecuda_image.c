@@ -36,8 +36,13 @@
  *   EIATTR_MAX_THREADS (0x05, .maxntid x,y,z), EIATTR_REQNTID (0x10,
  *   .reqntid), EIATTR_CBANK_PARAM_SIZE (0x19, parameter bytes). Static
  *   shared memory is the size of ".nv.shared.<kernel>" (what cuobjdump
- *   -res-usage prints as SHARED, 1 KiB more than ptxas -v reports on sm_90:
- *   the reserved part), user constant memory the size of ".nv.constant3".
+ *   -res-usage prints as SHARED), less 1 KiB when the cubin has a
+ *   ".nv.shared.reserved.0" section (ptxas 13.0 for sm_90: the section
+ *   then starts with the system-reserved 1 KiB, so it is 1 KiB more than
+ *   the "bytes smem" ptxas -v reports; a public report of a real driver
+ *   shows CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES 0 for a kernel whose section
+ *   is exactly that 1 KiB); user constant memory is the size of
+ *   ".nv.constant3".
  *   A fatbin starts with magic 0xba55ed50, u16 version, u16 header size, u64
  *   payload size; each entry: u16 kind (1 PTX, 2 ELF), u16, u32 header
  *   size, u64 payload size, ..., at 28 u32 SM, at 56 u64 uncompressed size
@@ -239,6 +244,10 @@ static int cubin_parse(const unsigned char *b, size_t len, int cc_major, int cc_
         return CUDA_ERROR_INVALID_IMAGE;
     const unsigned char *syms = b + sh_off(&e, (unsigned)symtab);
     int user_const = sec_size(&e, ".nv.constant3", "");
+    /* sm_90 cubins put the system-reserved shared memory (1 KiB) at the
+     * start of each kernel's shared section; the driver's static size
+     * leaves it out (Note [Module images]) */
+    int reserved = find_section(&e, ".nv.shared.reserved.", "0") >= 0 ? 1024 : 0;
     for (uint64_t s = 1; s < nsym; s++) {
         const unsigned char *sym = syms + s * 24;
         uint32_t name = rd32(sym);
@@ -259,7 +268,8 @@ static int cubin_parse(const unsigned char *b, size_t len, int cc_major, int cc_
         int kinfo = find_section(&e, ".nv.info.", k->name);
         if (kinfo >= 0 && (rc = walk_info(&e, kinfo, kernel_rec, &x)))
             return rc;
-        k->shared_bytes = sec_size(&e, ".nv.shared.", k->name);
+        int sh = sec_size(&e, ".nv.shared.", k->name);
+        k->shared_bytes = sh > reserved ? sh - reserved : 0;
         k->const_bytes = user_const;
     }
     return 0;
