@@ -25,3 +25,13 @@ def shared_snapshots():
     if not os.path.isdir(path):
         pytest.skip("no snapshot directory at %s (set GPUMEM_SNAPSHOTS)" % path)
     return path
+
+
+@pytest.fixture(scope="session")
+def compile_caches(tmp_path_factory):
+    """One Triton and one Inductor cache for every torch.compile test of the
+    session (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR), so that a graph
+    compiled by one test process is reused by the next."""
+    root = tmp_path_factory.mktemp("compile_caches")
+    return {"TRITON_CACHE_DIR": str(root / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}

@@ -442,3 +442,123 @@ def test_tensor_maps(lib, images):
     assert o.pop("ok") == 0 and o.pop("deterministic") and o.pop("nonzero")
     assert o.pop("swizzle_128") == 0 and o.pop("im2col") == 0
     assert all(v == 1 for v in o.values()), o
+
+
+# ---- torch.compile under the simulator (slow: starts torch) ----
+
+COMPILE_SMALL = r'''
+import ctypes, json, os, time, torch
+t0 = time.time()
+def f(x, y):
+    return torch.relu(x) * y + x.sum()
+x = torch.randn(1000, device="cuda"); y = torch.randn(1000, device="cuda")
+eager = f(x, y)
+out = torch.compile(f)(x, y)
+torch.cuda.synchronize()
+L = ctypes.CDLL(os.environ["GPUMEM_LIBCUDA"]); L.fakecuda_query.restype = ctypes.c_longlong
+q = lambda k: L.fakecuda_query(k.encode(), -1)
+print(json.dumps({"shape": list(out.shape), "eager_shape": list(eager.shape),
+                  "device": str(out.device), "dtype": str(out.dtype),
+                  "modules": q("calls.cuModuleLoad") + q("calls.cuModuleLoadData")
+                             + q("calls.cuModuleLoadDataEx"),
+                  "launches": q("calls.cuLaunchKernel") + q("calls.cuLaunchKernelEx"),
+                  "seconds": time.time() - t0}))
+'''
+
+TRAIN_STEP = r'''
+import ctypes, json, math, os, time, torch, torch.nn as nn
+INSTALL
+t0 = time.time()
+torch.manual_seed(0)
+model = nn.Sequential(nn.TransformerEncoderLayer(d_model=32, nhead=2, dim_feedforward=64,
+                                                 dropout=0.0, batch_first=True),
+                      nn.Linear(32, 8)).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+cm = torch.compile(model)
+x = torch.randn(4, 16, 32, device="cuda"); y = torch.randint(0, 8, (4, 16), device="cuda")
+losses = []
+for step in range(2):
+    loss = nn.functional.cross_entropy(cm(x).reshape(-1, 8), y.reshape(-1))
+    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    losses.append(loss.item())
+torch.cuda.synchronize()
+L = ctypes.CDLL(os.environ["GPUMEM_LIBCUDA"]); L.fakecuda_query.restype = ctypes.c_longlong
+params = sum(p.numel() * p.element_size() for p in model.parameters())
+print(json.dumps({"losses": losses, "finite": all(math.isfinite(v) for v in losses),
+                  "allocated": torch.cuda.memory_allocated(),
+                  "reserved": torch.cuda.memory_reserved(),
+                  "peak": torch.cuda.max_memory_allocated(), "params": params,
+                  "launches": L.fakecuda_query(b"calls.cuLaunchKernel", -1)
+                              + L.fakecuda_query(b"calls.cuLaunchKernelEx", -1),
+                  "seconds": time.time() - t0}), flush=True)
+os._exit(0)
+'''
+
+AUTOTUNE = r'''
+import json, os, re, time, torch
+t0 = time.time()
+def f(a, b):
+    return torch.relu(a @ b)
+cf = torch.compile(f, mode=os.environ["MODE"])
+a = torch.randn(64, 64, device="cuda"); b = torch.randn(64, 64, device="cuda")
+out = cf(a, b); torch.cuda.synchronize()
+print(json.dumps({"shape": list(out.shape), "seconds": time.time() - t0}), flush=True)
+os._exit(0)
+'''
+
+
+def _cubins(caches) -> set:
+    return {p.name for p in Path(caches["TRITON_CACHE_DIR"]).rglob("*.cubin")}
+
+
+def _run(code: str, caches, extra=None, timeout=900):
+    from gpumem.sim import run_snippet
+    env = dict(caches, **(extra or {}))
+    rc, out, err = run_snippet(code, env=env, timeout=timeout)
+    assert rc == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+@pytest.mark.slow
+def test_compile_small_function_and_reuse_cache(compile_caches):
+    first, _ = _run(COMPILE_SMALL, compile_caches)
+    cubins = _cubins(compile_caches)
+    assert first["shape"] == first["eager_shape"] == [1000]
+    assert first["device"] == "cuda:0" and first["dtype"] == "torch.float32"
+    assert first["modules"] >= 1 and first["launches"] >= 1 and cubins
+    second, _ = _run(COMPILE_SMALL, compile_caches)      # a new process, warm caches
+    assert _cubins(compile_caches) == cubins               # nothing compiled again
+    assert second["launches"] >= 1
+    print(f"\ntorch.compile small function: cold {first['seconds']:.1f}s, "
+          f"warm {second['seconds']:.1f}s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("install", [False, True], ids=["torch_allocator", "gpumem"])
+def test_compiled_transformer_training_step(compile_caches, install):
+    code = TRAIN_STEP.replace("INSTALL", "import gpumem; gpumem.install()" if install else "")
+    o, _ = _run(code, compile_caches)
+    assert o["finite"] and len(o["losses"]) == 2
+    assert o["launches"] > 0
+    # parameters and AdamW's two moments stay allocated after the step
+    assert o["allocated"] >= 3 * o["params"]
+    assert o["reserved"] >= o["allocated"] and o["peak"] >= o["allocated"]
+    print(f"\ncompiled Transformer step ({'gpumem' if install else 'torch'}): "
+          f"{o['seconds']:.1f}s, peak {o['peak']} B")
+
+
+@pytest.mark.slow
+def test_max_autotune_is_deterministic(tmp_path):
+    """Two cold runs benchmark the same choices on the simulated timeline
+    and pick the same one."""
+    picks = []
+    for i in range(2):
+        caches = {"TRITON_CACHE_DIR": str(tmp_path / f"t{i}"),
+                  "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"i{i}")}
+        o, err = _run(AUTOTUNE, caches, {"MODE": "max-autotune-no-cudagraphs"})
+        assert o["shape"] == [64, 64]
+        table = re.findall(r"^\s+(\w+) ([\d.]+) ms", err, re.M)
+        assert table, err[-2000:]
+        picks.append((table[0][0], [t for _, t in table]))
+        print(f"\nmax-autotune run {i}: {o['seconds']:.1f}s, best {table[0][0]}")
+    assert picks[0] == picks[1]
