@@ -77,6 +77,20 @@ void fc_image_free(fc_image_t *im)
     memset(im, 0, sizeof *im);
 }
 
+fc_kinfo_t *fc_image_add_kernel(fc_image_t *im, const char *name, size_t len)
+{
+    fc_kinfo_t *nk = realloc(im->k, (size_t)(im->nkernels + 1) * sizeof *nk);
+    if (!nk)
+        return NULL;
+    im->k = nk;
+    fc_kinfo_t *k = &nk[im->nkernels];
+    memset(k, 0, sizeof *k);
+    if (!(k->name = strndup(name, len)))
+        return NULL;
+    im->nkernels++;
+    return k;
+}
+
 /* ---- ELF ---- */
 typedef struct {
     const unsigned char *b;
@@ -253,15 +267,10 @@ static int cubin_parse(const unsigned char *b, size_t len, int cc_major, int cc_
         uint32_t name = rd32(sym);
         if ((sym[4] & 0xf) != 2 /* STT_FUNC */ || !(sym[5] & STO_CUDA_ENTRY) || name >= strsize)
             continue;
-        fc_kinfo_t *nk = realloc(out->k, (size_t)(out->nkernels + 1) * sizeof *nk);
-        if (!nk)
+        const char *kname = str + name;
+        fc_kinfo_t *k = fc_image_add_kernel(out, kname, strlen(kname));
+        if (!k)
             return CUDA_ERROR_OUT_OF_MEMORY;
-        out->k = nk;
-        fc_kinfo_t *k = &nk[out->nkernels];
-        memset(k, 0, sizeof *k);
-        if (!(k->name = strdup(str + name)))
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        out->nkernels++;
         info_ctx_t x = {k, (uint32_t)s};
         if (info >= 0 && (rc = walk_info(&e, info, global_rec, &x)))
             return rc;

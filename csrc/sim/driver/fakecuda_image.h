@@ -44,6 +44,8 @@ typedef struct {
  * CUDA_ERROR_UNSUPPORTED_PTX_VERSION, CUDA_ERROR_OUT_OF_MEMORY. */
 int fc_image_parse(const void *image, size_t len, int cc_major, int cc_minor, fc_image_t *out);
 void fc_image_free(fc_image_t *im);
+/* Append a zeroed kernel named name[0..len) (NULL: out of memory). */
+fc_kinfo_t *fc_image_add_kernel(fc_image_t *im, const char *name, size_t len);
 
 /* fakecuda_ptx.c: the PTX half of fc_image_parse (text NUL-terminated). */
 int fc_ptx_parse(const char *text, int cc_major, int cc_minor, fc_image_t *out);

@@ -171,15 +171,9 @@ int fc_ptx_parse(const char *text, int cc_major, int cc_minor, fc_image_t *out)
         const char *close = body ? closing(body) : NULL;
         if (!body || !close)
             return CUDA_ERROR_INVALID_PTX;
-        fc_kinfo_t *nk = realloc(out->k, (size_t)(out->nkernels + 1) * sizeof *nk);
-        if (!nk)
+        fc_kinfo_t *k = fc_image_add_kernel(out, n, (size_t)(p - n));
+        if (!k)
             return CUDA_ERROR_OUT_OF_MEMORY;
-        out->k = nk;
-        fc_kinfo_t *k = &nk[out->nkernels];
-        memset(k, 0, sizeof *k);
-        if (!(k->name = strndup(n, (size_t)(p - n))))
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        out->nkernels++;
         k->regs = FC_PTX_DEFAULT_REGS;
         /* directives sit between the parameter list and the body */
         const char *params_end = strchr(p, ')');

@@ -58,9 +58,14 @@ typedef struct {
     int interleave, swizzle, l2, oob;
 } common_t;
 
-/* The checks both encoders share; box (tiled) checked by the caller. */
-static CUresult check_common(const common_t *a, int min_rank)
+/* The checks both encoders share (a current context first); the box
+ * (tiled) and the pixel box (im2col) are checked by the caller. */
+static CUresult check_common_unlocked(const common_t *a, int min_rank)
 {
+    struct CUctx_st *c;
+    CUresult res = fc_current_ctx_unlocked(&c);
+    if (res != CUDA_SUCCESS)
+        return res;
     int packed16 = a->dt == DT_16U4_ALIGN16B || a->dt == DT_16U6_ALIGN16B;
     int i32 = a->interleave == CU_TENSOR_MAP_INTERLEAVE_32B;
     if (!a->map || ((uintptr_t)a->map & 63) || !elem_bits(a->dt))
@@ -130,13 +135,10 @@ FC_API CUresult CUDAAPI cuTensorMapEncodeTiled(
     CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill)
 {
     FC_BEGIN(FN_cuTensorMapEncodeTiled, 1);
-    struct CUctx_st *c;
     common_t a = {tensorMap, (int)tensorDataType, tensorRank, (uint64_t)(uintptr_t)globalAddress,
                   globalDim, globalStrides, elementStrides, (int)interleave, (int)swizzle,
                   (int)l2Promotion, (int)oobFill};
-    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
-        goto done;
-    if ((res = check_common(&a, 1)) != CUDA_SUCCESS)
+    if ((res = check_common_unlocked(&a, 1)) != CUDA_SUCCESS)
         goto done;
     if (!boxDim)
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
@@ -168,13 +170,10 @@ FC_API CUresult CUDAAPI cuTensorMapEncodeIm2col(
     CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill)
 {
     FC_BEGIN(FN_cuTensorMapEncodeIm2col, 1);
-    struct CUctx_st *c;
     common_t a = {tensorMap, (int)tensorDataType, tensorRank, (uint64_t)(uintptr_t)globalAddress,
                   globalDim, globalStrides, elementStrides, (int)interleave, (int)swizzle,
                   (int)l2Promotion, (int)oobFill};
-    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
-        goto done;
-    if ((res = check_common(&a, 3)) != CUDA_SUCCESS)
+    if ((res = check_common_unlocked(&a, 3)) != CUDA_SUCCESS)
         goto done;
     if (!pixelBoxLowerCorner || !pixelBoxUpperCorner || channelsPerPixel == 0 ||
         channelsPerPixel > 256 || pixelsPerColumn == 0 || pixelsPerColumn > 256)
