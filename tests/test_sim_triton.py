@@ -562,3 +562,48 @@ def test_max_autotune_is_deterministic(tmp_path):
         picks.append((table[0][0], [t for _, t in table]))
         print(f"\nmax-autotune run {i}: {o['seconds']:.1f}s, best {table[0][0]}")
     assert picks[0] == picks[1]
+
+
+def test_launcher_points_triton_at_the_fake_driver():
+    from gpumem.sim import sim_env
+    env = sim_env(base={"PATH": "/usr/bin"})
+    assert (Path(env["TRITON_LIBCUDA_PATH"]) / "libcuda.so.1").is_file()
+    assert Path(env["TRITON_LIBCUDA_PATH"]) == Path(env["GPUMEM_LIBCUDA"]).parent
+    mine = sim_env(base={"PATH": "/usr/bin", "TRITON_LIBCUDA_PATH": "/opt/mine"})
+    assert mine["TRITON_LIBCUDA_PATH"] == "/opt/mine"      # the user's setting wins
+
+
+TRITON_LAUNCH = r'''
+import ctypes, json, os, torch, triton, triton.language as tl
+@triton.jit
+def add(x, y, o, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(o + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+x = torch.ones(5000, device="cuda"); y = torch.ones(5000, device="cuda"); o = torch.empty_like(x)
+add[(triton.cdiv(5000, 1024),)](x, y, o, 5000, BLOCK=1024)
+bad = None
+try:
+    add[(1, 70000)](x, y, o, 5000, BLOCK=1024)   # grid y above 65535: the driver refuses
+except Exception as e:
+    bad = type(e).__name__ + ": " + str(e).splitlines()[0]
+torch.cuda.synchronize()
+L = ctypes.CDLL(os.environ["GPUMEM_LIBCUDA"]); L.fakecuda_query.restype = ctypes.c_longlong
+print(json.dumps({"ex": L.fakecuda_query(b"calls.cuLaunchKernelEx", -1), "bad": bad}))
+'''
+
+
+@pytest.mark.slow
+def test_triton_kernel_launches_through_tritons_launcher(compile_caches, tmp_path):
+    """A @triton.jit kernel called directly: Triton builds its launcher
+    against the fake libcuda.so.1 and launches with cuLaunchKernelEx."""
+    script = tmp_path / "k.py"       # @triton.jit needs a source file
+    script.write_text(TRITON_LAUNCH)
+    from gpumem.sim import sim_env
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=sim_env(base=dict(__import__("os").environ, **compile_caches)),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    o = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert o["ex"] == 2                                   # both reached the driver
+    assert o["bad"] == "RuntimeError: Triton Error [CUDA]: invalid argument"
