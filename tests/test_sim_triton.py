@@ -616,3 +616,67 @@ def test_triton_kernel_launches_through_tritons_launcher(compile_caches, tmp_pat
     o = json.loads(proc.stdout.strip().splitlines()[-1])
     assert o["ex"] == 2                                   # both reached the driver
     assert o["bad"] == "RuntimeError: Triton Error [CUDA]: invalid argument"
+
+
+CORRUPT = r'''
+import random
+rnd = random.Random(1234)
+init(); codes = {}
+for src in ("sm_90.cubin", "triton.cubin", "sm_90.ptx"):
+    good = bytearray(image(src))
+    for i in range(int(os.environ.get("ROUNDS", "300"))):
+        b = bytearray(good)
+        if i % 3 == 0:
+            b = b[:rnd.randrange(0, len(b))]                 # truncated
+        else:
+            for _ in range(rnd.randrange(1, 8)):             # a few bytes changed
+                b[rnd.randrange(len(b))] = rnd.randrange(256)
+        path = os.path.join(os.environ["WORK"], "x.img")
+        open(path, "wb").write(bytes(b))
+        m = vp(); r = cuModuleLoad(C.byref(m), path.encode())
+        codes[r] = codes.get(r, 0) + 1
+        if r == 0:
+            for n in (b"small", b"plain", b"add"):
+                f = vp()
+                if cuModuleGetFunction(C.byref(f), m, n) == 0:
+                    v = ci()
+                    for a in range(16):
+                        cuFuncGetAttribute(C.byref(v), a, f)
+            ok(cuModuleUnload(m))
+print(json.dumps({str(k): v for k, v in codes.items()}))
+'''
+
+
+def _corrupt_images(lib, images, tmp_path, env=None):
+    (images["dir"] / "add.cubin").write_bytes((images["dir"] / "triton.cubin").read_bytes())
+    o = run_json(lib, MODULES + CORRUPT,
+                 dict({"IMG_DIR": str(images["dir"]), "WORK": str(tmp_path)}, **(env or {})))
+    # clean answers only: loaded, not an image, not for this GPU, bad PTX
+    assert set(o) <= {"0", "200", "209", "218", "222"}, o
+    assert o.get("0", 0) > 0 and o.get("200", 0) > 0
+    print("\nanswers to corrupted images:", o)
+    return o
+
+
+def test_corrupt_images_are_rejected_cleanly(lib, images, tmp_path):
+    """Truncated and randomly changed cubins and PTX, read from files (so
+    their length is known): every answer is a clean error code or a module
+    whose attributes can be read; nothing crashes."""
+    _corrupt_images(lib, images, tmp_path)
+
+
+@pytest.mark.slow
+def test_corrupt_images_under_asan(images, tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+             "-fno-omit-frame-pointer"]
+    probe = tmp_path / "probe.c"
+    probe.write_text("int main(void){return 0;}\n")
+    if not cc or subprocess.run([cc, *flags, str(probe), "-o", str(tmp_path / "probe")],
+                                capture_output=True).returncode != 0:
+        pytest.skip("compiler has no ASan/UBSan")
+    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                          text=True).stdout.strip()
+    lib = fcbuild.build_fakecuda(tmp_path / "asan", flags, cuda_include=None)
+    _corrupt_images(lib, images, tmp_path, {"LD_PRELOAD": asan, "ROUNDS": "200",
+                                            "ASAN_OPTIONS": "detect_leaks=0"})
