@@ -435,6 +435,9 @@ def test_tensor_maps(lib, images):
         lo, hi = (ci * 3)(-1, -1, 0), (ci * 3)(0, 0, 0)
         out["im2col"] = cuTensorMapEncodeIm2col(tm, 7, 4, ptr, U64(16, 8, 8, 2), U64(64, 512, 4096),
                                                 lo, hi, 16, 32, U32(1, 1, 1, 1), 0, 0, 0, 0)
+        out["im2col_swizzle"] = cuTensorMapEncodeIm2col(tm, 7, 4, ptr, U64(16, 8, 8, 2),
+                                                        U64(64, 512, 4096), lo, hi, 16, 32,
+                                                        U32(1, 1, 1, 1), 0, 1, 0, 0)  # 64 B > 32 B
         out["im2col_rank2"] = cuTensorMapEncodeIm2col(tm, 7, 2, ptr, U64(16, 8), U64(64), lo, hi,
                                                       16, 32, U32(1, 1), 0, 0, 0, 0)
         print(json.dumps(out))

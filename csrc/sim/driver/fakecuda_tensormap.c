@@ -27,13 +27,15 @@
  *   interleaved and not above the swizzle span; element strides 1..8;
  *   32-byte interleave only with 32-byte swizzle; the NaN OOB fill only for
  *   floating-point types. Im2col: channelsPerPixel and pixelsPerColumn
- *   1..256, the pixel box corners within the documented ranges (rank 3:
+ *   1..256 (128 for the packed ALIGN16B types) and not above the swizzle
+ *   span, the pixel box corners within the documented ranges (rank 3:
  *   -32768..32767, 4: -128..127, 5: -16..15). Compute capability 9.0+. The
  *   descriptor's bytes: a digest of the arguments, so equal arguments give
  *   equal maps (its layout is opaque, "accessed only through CUDA APIs and
  *   PTX").
  * Limitations: the descriptor is not what the hardware would read (no
- *   kernel reads it here); cuTensorMapEncodeIm2colWide and
+ *   kernel reads it here); im2col's "non-zero area" of the pixel box is not
+ *   checked; cuTensorMapEncodeIm2colWide and
  *   cuTensorMapReplaceAddress are not exported.
  */
 
@@ -177,6 +179,13 @@ FC_API CUresult CUDAAPI cuTensorMapEncodeIm2col(
         goto done;
     if (!pixelBoxLowerCorner || !pixelBoxUpperCorner || channelsPerPixel == 0 ||
         channelsPerPixel > 256 || pixelsPerColumn == 0 || pixelsPerColumn > 256)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    uint64_t inner = (uint64_t)channelsPerPixel * (uint64_t)elem_bits(a.dt) / 8;
+    static const unsigned span[] = {0, 32, 64, 128, 128, 128, 128};
+    if (interleave == CU_TENSOR_MAP_INTERLEAVE_NONE && swizzle != CU_TENSOR_MAP_SWIZZLE_NONE &&
+        inner > span[swizzle])
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    if ((a.dt == DT_16U4_ALIGN16B || a.dt == DT_16U6_ALIGN16B) && channelsPerPixel != 128)
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     /* the corners cover the spatial dimensions (rank - 2 of them) */
     int lim = tensorRank == 3 ? 32768 : tensorRank == 4 ? 128 : 16;
