@@ -69,15 +69,20 @@ PTX = r"""
 }
 """
 
-TRITON_KERNEL = r'''
-import sys, json, triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
+# One Triton kernel, compiled ahead of time (TRITON_KERNEL) and launched by
+# Triton under the simulator (TRITON_LAUNCH).
+ADD_KERNEL = r'''
 @triton.jit
 def add(x, y, o, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     tl.store(o + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
-src = triton.compiler.ASTSource(fn=add, signature={"x": "*fp32", "y": "*fp32", "o": "*fp32",
+'''
+
+TRITON_KERNEL = r'''
+import sys, json, triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+''' + ADD_KERNEL + r'''src = triton.compiler.ASTSource(fn=add, signature={"x": "*fp32", "y": "*fp32", "o": "*fp32",
                                 "n": "i32"}, constexprs={"BLOCK": 1024})
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
 open(sys.argv[1], "wb").write(k.asm["cubin"])
@@ -587,12 +592,7 @@ def test_launcher_points_triton_at_the_fake_driver():
 
 TRITON_LAUNCH = r'''
 import ctypes, json, os, torch, triton, triton.language as tl
-@triton.jit
-def add(x, y, o, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(o + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
-x = torch.ones(5000, device="cuda"); y = torch.ones(5000, device="cuda"); o = torch.empty_like(x)
+''' + ADD_KERNEL + r'''x = torch.ones(5000, device="cuda"); y = torch.ones(5000, device="cuda"); o = torch.empty_like(x)
 add[(triton.cdiv(5000, 1024),)](x, y, o, 5000, BLOCK=1024)
 bad = None
 try:
