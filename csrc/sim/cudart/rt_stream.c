@@ -9,14 +9,11 @@
  * cudaEventQuery answers cudaErrorNotReady for an incomplete event and, as
  * the real runtime does, records it as the thread's last error.
  *
- * Stream capture (CUDA graphs) is not simulated: no stream is ever
- * capturing, and cudaStreamBeginCapture is one of the unimplemented calls.
- * Host functions (cudaLaunchHostFunc, cudaStreamAddCallback) run at once, on
- * the calling thread: nothing queued before them can still be running.
+ * Stream capture, graphs and cudaLaunchHostFunc are rt_graph.c's. Stream
+ * callbacks (cudaStreamAddCallback) run at once, on the calling thread:
+ * nothing queued before them can still be running.
  */
 #include "rt_internal.h"
-
-static __thread enum cudaStreamCaptureMode tls_capture_mode = cudaStreamCaptureModeGlobal;
 
 /* rt_ctx, then the driver call; both errors recorded. */
 #define WITH_CTX(call)                                                      \
@@ -109,86 +106,7 @@ static cudaError_t cudaStreamGetDevice_impl(cudaStream_t stream, int *device)
 STREAM_PAIR(cudaStreamGetDevice, (stream, device), (cudaStream_t stream, int *device))
 
 /* ------------------------------------------------------------------ */
-/* capture: never capturing                                             */
-
-static cudaError_t cudaStreamIsCapturing_impl(cudaStream_t stream,
-                                              enum cudaStreamCaptureStatus *pCaptureStatus)
-{
-    unsigned int flags;
-    cudaError_t e = rt_ctx();
-    if (e != cudaSuccess)
-        return rt_err(e);
-    if (!pCaptureStatus)
-        return rt_err(cudaErrorInvalidValue);
-    if ((e = rt_cu(cuStreamGetFlags(stream, &flags))) != cudaSuccess)
-        return e;
-    *pCaptureStatus = cudaStreamCaptureStatusNone;
-    return cudaSuccess;
-}
-STREAM_PAIR(cudaStreamIsCapturing, (stream, pCaptureStatus),
-            (cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus))
-
-static cudaError_t cudaStreamGetCaptureInfo_impl(cudaStream_t stream,
-                                                 enum cudaStreamCaptureStatus *captureStatus_out,
-                                                 unsigned long long *id_out, cudaGraph_t *graph_out,
-                                                 const cudaGraphNode_t **dependencies_out,
-                                                 const cudaGraphEdgeData **edgeData_out,
-                                                 size_t *numDependencies_out)
-{
-    cudaError_t e = cudaStreamIsCapturing_impl(stream, captureStatus_out);
-    if (e != cudaSuccess)
-        return e;
-    /* documented: the optional outputs are only meaningful while
-     * capturing; clear them so callers see no stale values */
-    if (id_out)
-        *id_out = 0;
-    if (graph_out)
-        *graph_out = NULL;
-    if (dependencies_out)
-        *dependencies_out = NULL;
-    if (edgeData_out)
-        *edgeData_out = NULL;
-    if (numDependencies_out)
-        *numDependencies_out = 0;
-    return cudaSuccess;
-}
-STREAM_PAIR(cudaStreamGetCaptureInfo,
-            (stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
-             numDependencies_out),
-            (cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
-             unsigned long long *id_out, cudaGraph_t *graph_out,
-             const cudaGraphNode_t **dependencies_out, const cudaGraphEdgeData **edgeData_out,
-             size_t *numDependencies_out))
-
-RT_API cudaError_t CUDARTAPI cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
-{
-    SIM_ENTRY("cudaThreadExchangeStreamCaptureMode");
-    if (!mode || (unsigned)*mode > cudaStreamCaptureModeRelaxed)
-        return rt_err(cudaErrorInvalidValue);
-    enum cudaStreamCaptureMode old = tls_capture_mode;
-    tls_capture_mode = *mode;
-    *mode = old;
-    return cudaSuccess;
-}
-
-/* ------------------------------------------------------------------ */
-/* host functions                                                       */
-
-static cudaError_t cudaLaunchHostFunc_impl(cudaStream_t stream, cudaHostFn_t fn, void *userData)
-{
-    unsigned int flags;
-    cudaError_t e = rt_ctx();
-    if (e != cudaSuccess)
-        return rt_err(e);
-    if (!fn)
-        return rt_err(cudaErrorInvalidValue);
-    if ((e = rt_cu(cuStreamGetFlags(stream, &flags))) != cudaSuccess)
-        return e;
-    fn(userData);
-    return cudaSuccess;
-}
-STREAM_PAIR(cudaLaunchHostFunc, (stream, fn, userData),
-            (cudaStream_t stream, cudaHostFn_t fn, void *userData))
+/* stream callbacks (host functions and capture: rt_graph.c)            */
 
 static cudaError_t cudaStreamAddCallback_impl(cudaStream_t stream, cudaStreamCallback_t callback,
                                               void *userData, unsigned int flags)

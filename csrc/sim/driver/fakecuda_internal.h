@@ -52,6 +52,12 @@ CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx);
 CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx);
 CUresult CUDAAPI cuStreamDestroy(CUstream hStream);
 CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
+/* CUDA 12's capture query, still exported by a CUDA 13 driver; cuda.h
+ * declares it only for the driver's own build. */
+CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                           cuuint64_t *id_out, CUgraph *graph_out,
+                                           const CUgraphNode **dependencies_out,
+                                           size_t *numDependencies_out);
 
 #define FC_API __attribute__((visibility("default")))
 
@@ -95,7 +101,15 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
     X(cuTensorMapEncodeTiled)                                               \
     /* required by torch's DriverAPI (expandable segments); NOT_SUPPORTED */ \
     X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)       \
-    X(cuMemRetainAllocationHandle)
+    X(cuMemRetainAllocationHandle)                                          \
+    /* stream capture (fakecuda_capture.c) and graphs (fakecuda_graph.c) */ \
+    X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
+    X(cuStreamGetCaptureInfo_v2) X(cuStreamGetCaptureInfo_v3)              \
+    X(cuThreadExchangeStreamCaptureMode) X(cuLaunchHostFunc)                \
+    X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphGetNodes)                   \
+    X(cuGraphNodeGetDependencies_v2) X(cuGraphInstantiateWithFlags)         \
+    X(cuGraphInstantiateWithParams) X(cuGraphUpload) X(cuGraphLaunch)       \
+    X(cuGraphExecDestroy) X(cuGraphExecUpdate_v2) X(cuGraphDebugDotPrint)
 
 enum {
 #define FC_ENUM(name) FN_##name,
@@ -236,6 +250,11 @@ typedef struct {
     double recorded_ms;         /* CLOCK_MONOTONIC at the last record, for elapsed time */
     int timed;                  /* recorded in timeline mode: complete when host_ns >= t_ns */
     uint64_t t_ns;              /* the stream's ready time at the record (timeline) */
+    /* Note [Stream capture]: last recorded in capture cap_id (0: not), with
+     * the capturing stream's dependency set at the record */
+    uint64_t cap_id;
+    struct CUgraphNode_st **cap_deps;
+    size_t cap_ndeps;
 } fc_event_t;
 
 typedef struct {
@@ -274,6 +293,11 @@ typedef struct {
     fc_vec_t handles;           /* key: handle; unreleased handles only */
     fc_vec_t streams;           /* key: handle */
     fc_vec_t events;            /* key: handle */
+    fc_vec_t graphs;            /* key: the CUgraph pointer (fakecuda_graph.c) */
+    fc_vec_t execs;             /* key: the CUgraphExec pointer */
+    fc_vec_t captures;          /* key: capture id; captures not yet ended */
+    fc_vec_t capstreams;        /* key: stream key; streams taking part in one */
+    uint64_t next_capture_id;   /* last capture id handed out */
     uint64_t next_id;
 
     int memfd;                  /* backing store of cuMemCreate; -1 until needed */
@@ -374,6 +398,92 @@ uint64_t fc_tl_copy_ns(size_t n, int dev_dst, int dev_src);
 /* A copy (src 0: a memset) on stream h of the current context; the host
  * waits for it if host_waits and host memory is involved. */
 void fc_tl_copy_unlocked(CUstream h, uint64_t dst, uint64_t src, size_t n, int host_waits);
+
+/* ---- graphs (fakecuda_graph.c) and stream capture (fakecuda_capture.c) ----
+ * All protected by fc.mu. A node belongs to one graph and lives until the
+ * graph is destroyed; an exec holds copies of its graph's nodes. */
+enum { FC_NODE_EMPTY, FC_NODE_KERNEL, FC_NODE_MEMCPY, FC_NODE_MEMSET, FC_NODE_HOST,
+       FC_NODE_EVENT_RECORD, FC_NODE_EVENT_WAIT };
+
+struct CUgraphNode_st {
+    int type;                   /* FC_NODE_* */
+    struct CUgraph_st *graph;   /* NULL in an exec's copy */
+    size_t index;               /* position in the graph (a topological order) */
+    struct CUgraphNode_st **deps;
+    size_t ndeps;
+    union {
+        long long cycles;                                       /* KERNEL */
+        struct { uint64_t dst, src; size_t n; } copy;           /* MEMCPY */
+        struct { uint64_t dst; unsigned int value; size_t elem, n; } set; /* MEMSET */
+        struct { CUhostFn fn; void *data; } host;              /* HOST */
+        uint64_t event;                                         /* EVENT_* */
+    } u;
+};
+
+struct CUgraph_st {
+    struct CUgraphNode_st **nodes;
+    size_t n, cap;
+    uint64_t capture_id;        /* the capture recording into it, 0 if none */
+};
+
+struct CUgraphExec_st {
+    struct CUgraphNode_st *nodes; /* copies, deps not kept */
+    size_t n;
+    unsigned long long flags;
+    uint64_t launches;
+};
+
+typedef struct {
+    uint64_t id;                /* nonzero, never reused */
+    int mode;                   /* CUstreamCaptureMode given at begin */
+    pthread_t thread;           /* the thread that began it */
+    struct CUctx_st *ctx;
+    uint64_t origin;            /* key of the stream it began on */
+    int invalidated;
+    struct CUgraph_st *graph;
+} fc_capture_t;
+
+typedef struct {                /* a stream taking part in a capture */
+    uint64_t key;
+    fc_capture_t *cap;
+    int blocking;               /* not CU_STREAM_NON_BLOCKING */
+    struct CUgraphNode_st **deps; /* what its next node depends on */
+    CUgraphEdgeData *edges;     /* ndeps zeroed (default) edges */
+    size_t ndeps;
+} fc_capstream_t;
+
+struct CUgraph_st *fc_graph_new_unlocked(void);
+void fc_graph_free_unlocked(struct CUgraph_st *g);
+/* Appends a copy of proto depending on deps; NULL when out of memory. */
+struct CUgraphNode_st *fc_graph_add_unlocked(struct CUgraph_st *g, const struct CUgraphNode_st *proto,
+                                             struct CUgraphNode_st *const *deps, size_t ndeps);
+int fc_graph_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
+
+/* Work for stream (sctx, key): CUDA_SUCCESS and *captured = 1 if it was
+ * recorded as a copy of proto (the caller must not run it), *captured = 0
+ * if it is to run now; an error if the capture rules forbid it. proto NULL:
+ * only the checks (synchronous calls on the legacy stream). */
+CUresult fc_cap_work_unlocked(struct CUctx_st *sctx, uint64_t key, const struct CUgraphNode_st *proto,
+                              int *captured);
+/* A "potentially unsafe" call (cuMemAlloc, synchronous copies, ...) by this
+ * thread: STREAM_CAPTURE_UNSUPPORTED (invalidating the captures that forbid
+ * it) or CUDA_SUCCESS. */
+CUresult fc_cap_unsafe_unlocked(void);
+/* A synchronous copy or memset in context c: potentially unsafe, and on
+ * the legacy stream (STREAM_CAPTURE_IMPLICIT next to a blocking capture). */
+CUresult fc_cap_sync_call_unlocked(struct CUctx_st *c);
+CUresult fc_cap_sync_ctx_unlocked(struct CUctx_st *c);
+CUresult fc_cap_sync_stream_unlocked(struct CUctx_st *sctx, uint64_t key);
+CUresult fc_cap_event_record_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key,
+                                      unsigned int flags, int *captured);
+CUresult fc_cap_event_wait_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key,
+                                    unsigned int flags, int *captured);
+/* Query or synchronise e: CAPTURED_EVENT while its capture is under way. */
+CUresult fc_cap_event_use_unlocked(fc_event_t *e);
+void fc_cap_event_clear(fc_event_t *e);
+int fc_cap_is_capturing_unlocked(uint64_t key);
+/* fakecuda_event.c: record e on (sctx, key) now, as cuEventRecord does. */
+void fc_event_record_now_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key);
 
 /* report string builder (fakecuda_report.c) */
 /* JSON for the report goes through simjson.h's builder (sb is a sim_sb_t *). */

@@ -1,0 +1,500 @@
+/*
+ * fakecuda_capture.c - stream capture of the fake CUDA driver: begin/end,
+ * capture status and information, the per-thread capture mode, and the
+ * rules the other files ask before they run work (Note [Stream capture]).
+ *
+ * Invariants: a stream key is in fc.capstreams iff the stream takes part in
+ * a capture in fc.captures; a capture's origin stream takes part until the
+ * capture ends; capture ids are nonzero and never reused; a captured node's
+ * dependencies are nodes of the same graph, created before it.
+ *
+ * Must not: run captured work (the caller does, at cuGraphLaunch), or call
+ * an exported cu* function (the lock is not recursive).
+ */
+#include "fakecuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * Note [Stream capture]
+ * Rationale: torch.cuda.graph, make_graphed_callables and cudagraph trees
+ *   record work once and replay it; what they allocate, and which calls
+ *   they make while capturing, must behave as on a GPU.
+ * Approach: as the CUDA Programming Guide ("CUDA Graphs", "Stream Capture")
+ *   and cuda.h describe it. A capture begins on a stream (never the legacy
+ *   one) and records into a new graph; every stream taking part has a
+ *   dependency set, the nodes its next node depends on. Work on a taking
+ *   part stream becomes a node depending on that set, which then becomes
+ *   that node. cuEventRecord in a capture stores the stream's set in the
+ *   event; cuStreamWaitEvent on such an event joins the waiting stream into
+ *   the capture (fork) or merges the sets (join). cuStreamEndCapture on
+ *   the origin stream hands out the graph, unless the capture was
+ *   invalidated or a joined stream's last nodes are not ancestors of the
+ *   origin's (unjoined work). Forbidden calls fail and invalidate:
+ *   synchronising or querying a capturing stream, or an event recorded in
+ *   a capture (CAPTURED_EVENT); cuCtxSynchronize while a capture runs in
+ *   the context (allowed to a thread in relaxed mode: only uncaptured work
+ *   is waited for); the legacy stream while a blocking stream of its
+ *   context captures (IMPLICIT); waiting on an uncaptured event (ISOLATION,
+ *   unless CU_EVENT_WAIT_EXTERNAL makes it a node); and the "potentially
+ *   unsafe" calls (cuMemAlloc, cuMemFree, synchronous copies and memsets)
+ *   in a thread whose mode forbids them: global forbids them while this
+ *   thread captures in a non-relaxed mode or any thread captures in global
+ *   mode, thread-local only the former, relaxed never.
+ * Limitations: the per-thread default stream counts as non-blocking for
+ *   the implicit-synchronisation rule; an event recorded in a capture that
+ *   has ended behaves as if never recorded; graphs cannot be launched into
+ *   a capture (no child-graph nodes); no capture into an existing graph
+ *   (cuStreamBeginCaptureToGraph), no cuStreamUpdateCaptureDependencies.
+ */
+
+static __thread int tls_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+#define KEY_LEGACY 1ull /* fakecuda_sync.c's key of the legacy stream */
+
+static fc_capstream_t *member_unlocked(uint64_t key) { return fc_vec_find(&fc.capstreams, key); }
+
+int fc_cap_is_capturing_unlocked(uint64_t key) { return member_unlocked(key) != NULL; }
+
+/* Replace m's dependency set with n nodes (copied); -1 out of memory. */
+static int set_deps(fc_capstream_t *m, struct CUgraphNode_st *const *deps, size_t n)
+{
+    struct CUgraphNode_st **d = NULL;
+    CUgraphEdgeData *e = NULL;
+    if (n) {
+        d = malloc(n * sizeof *d);
+        e = calloc(n, sizeof *e);
+        if (!d || !e) {
+            free(d);
+            free(e);
+            return -1;
+        }
+        memcpy(d, deps, n * sizeof *d);
+    }
+    free(m->deps);
+    free(m->edges);
+    m->deps = d;
+    m->edges = e;
+    m->ndeps = n;
+    return 0;
+}
+
+static fc_capstream_t *join_unlocked(fc_capture_t *cap, uint64_t key, int blocking,
+                                     struct CUgraphNode_st *const *deps, size_t n)
+{
+    fc_capstream_t *m = calloc(1, sizeof *m);
+    if (!m || set_deps(m, deps, n) != 0 || fc_vec_insert(&fc.capstreams, key, m) != 0) {
+        if (m)
+            set_deps(m, NULL, 0);
+        free(m);
+        return NULL;
+    }
+    m->key = key;
+    m->cap = cap;
+    m->blocking = blocking;
+    return m;
+}
+
+static void leave_unlocked(size_t idx)
+{
+    fc_capstream_t *m = fc.capstreams.v[idx].val;
+    fc_vec_remove_at(&fc.capstreams, idx);
+    set_deps(m, NULL, 0);
+    free(m);
+}
+
+/* Ends cap: every stream leaves it; the graph stays (the caller decides). */
+static void end_unlocked(fc_capture_t *cap)
+{
+    for (size_t i = fc.capstreams.n; i-- > 0;)
+        if (((fc_capstream_t *)fc.capstreams.v[i].val)->cap == cap)
+            leave_unlocked(i);
+    fc_vec_remove(&fc.captures, cap->id);
+    cap->graph->capture_id = 0;
+    free(cap);
+}
+
+static fc_capture_t *active_capture(uint64_t id) { return id ? fc_vec_find(&fc.captures, id) : NULL; }
+
+/* Does a blocking stream of ctx take part in a capture? Invalidates it. */
+static int implicit_unlocked(struct CUctx_st *ctx)
+{
+    int hit = 0;
+    for (size_t i = 0; i < fc.capstreams.n; i++) {
+        fc_capstream_t *m = fc.capstreams.v[i].val;
+        if (m->blocking && m->cap->ctx == ctx) {
+            m->cap->invalidated = 1;
+            hit = 1;
+        }
+    }
+    return hit;
+}
+
+CUresult fc_cap_work_unlocked(struct CUctx_st *sctx, uint64_t key, const struct CUgraphNode_st *proto,
+                              int *captured)
+{
+    *captured = 0;
+    if (key == KEY_LEGACY)
+        return implicit_unlocked(sctx) ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+    fc_capstream_t *m = member_unlocked(key);
+    if (!m || !proto)
+        return CUDA_SUCCESS;
+    if (m->cap->invalidated)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    struct CUgraphNode_st *node = fc_graph_add_unlocked(m->cap->graph, proto, m->deps, m->ndeps);
+    if (!node || set_deps(m, &node, 1) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *captured = 1;
+    return CUDA_SUCCESS;
+}
+
+/* Which captures forbid this thread's potentially unsafe calls. */
+static int forbids(const fc_capture_t *cap)
+{
+    int mine = pthread_equal(cap->thread, pthread_self());
+    if (tls_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return 0;
+    if (mine && cap->mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+        return 1;
+    return tls_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && !mine &&
+           cap->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+}
+
+CUresult fc_cap_unsafe_unlocked(void)
+{
+    int hit = 0;
+    for (size_t i = 0; i < fc.captures.n; i++) {
+        fc_capture_t *cap = fc.captures.v[i].val;
+        if (forbids(cap)) {
+            cap->invalidated = 1;
+            hit = 1;
+        }
+    }
+    return hit ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult fc_cap_sync_call_unlocked(struct CUctx_st *c)
+{
+    CUresult res = fc_cap_unsafe_unlocked();
+    if (res == CUDA_SUCCESS && implicit_unlocked(c))
+        res = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    return res;
+}
+
+CUresult fc_cap_sync_ctx_unlocked(struct CUctx_st *c)
+{
+    CUresult res = fc_cap_unsafe_unlocked();
+    if (res != CUDA_SUCCESS || tls_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return res;
+    int hit = 0;
+    for (size_t i = 0; i < fc.captures.n; i++) {
+        fc_capture_t *cap = fc.captures.v[i].val;
+        if (cap->ctx == c) {
+            cap->invalidated = 1;
+            hit = 1;
+        }
+    }
+    return hit ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult fc_cap_sync_stream_unlocked(struct CUctx_st *sctx, uint64_t key)
+{
+    if (key == KEY_LEGACY)
+        return implicit_unlocked(sctx) ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+    fc_capstream_t *m = member_unlocked(key);
+    if (!m)
+        return CUDA_SUCCESS;
+    m->cap->invalidated = 1;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+void fc_cap_event_clear(fc_event_t *e)
+{
+    free(e->cap_deps);
+    e->cap_deps = NULL;
+    e->cap_ndeps = 0;
+    e->cap_id = 0;
+}
+
+CUresult fc_cap_event_record_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key,
+                                      unsigned int flags, int *captured)
+{
+    *captured = 0;
+    if (key == KEY_LEGACY)
+        return implicit_unlocked(sctx) ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+    fc_capstream_t *m = member_unlocked(key);
+    if (!m) {
+        fc_cap_event_clear(e);
+        return CUDA_SUCCESS;
+    }
+    if (m->cap->invalidated)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (flags & CU_EVENT_RECORD_EXTERNAL) { /* documented: a record node */
+        struct CUgraphNode_st proto = {.type = FC_NODE_EVENT_RECORD, .u.event = e->handle};
+        CUresult res = fc_cap_work_unlocked(sctx, key, &proto, captured);
+        if (res != CUDA_SUCCESS)
+            return res;
+    }
+    struct CUgraphNode_st **d = m->ndeps ? malloc(m->ndeps * sizeof *d) : NULL;
+    if (m->ndeps && !d)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (m->ndeps)
+        memcpy(d, m->deps, m->ndeps * sizeof *d);
+    fc_cap_event_clear(e);
+    e->cap_id = m->cap->id;
+    e->cap_deps = d;
+    e->cap_ndeps = m->ndeps;
+    *captured = 1;
+    return CUDA_SUCCESS;
+}
+
+/* Union of m's set and n more nodes. */
+static int merge_deps(fc_capstream_t *m, struct CUgraphNode_st *const *deps, size_t n)
+{
+    struct CUgraphNode_st **u = malloc((m->ndeps + n + 1) * sizeof *u);
+    if (!u)
+        return -1;
+    size_t k = m->ndeps;
+    memcpy(u, m->deps, k * sizeof *u);
+    for (size_t i = 0; i < n; i++) {
+        size_t j = 0;
+        while (j < k && u[j] != deps[i])
+            j++;
+        if (j == k)
+            u[k++] = deps[i];
+    }
+    int r = set_deps(m, u, k);
+    free(u);
+    return r;
+}
+
+CUresult fc_cap_event_wait_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key,
+                                    unsigned int flags, int *captured)
+{
+    *captured = 0;
+    fc_capture_t *ecap = active_capture(e->cap_id);
+    fc_capstream_t *m = key == KEY_LEGACY ? NULL : member_unlocked(key);
+    if (key == KEY_LEGACY) {
+        if (implicit_unlocked(sctx))
+            return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        if (ecap) { /* the legacy stream cannot take part in a capture */
+            ecap->invalidated = 1;
+            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+        return CUDA_SUCCESS;
+    }
+    if (!ecap && !m)
+        return CUDA_SUCCESS; /* no capture involved */
+    if (!ecap) { /* a capturing stream waits for uncaptured work */
+        if (m->cap->invalidated)
+            return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        if (flags & CU_EVENT_WAIT_EXTERNAL) {
+            struct CUgraphNode_st proto = {.type = FC_NODE_EVENT_WAIT, .u.event = e->handle};
+            return fc_cap_work_unlocked(sctx, key, &proto, captured);
+        }
+        m->cap->invalidated = 1;
+        return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    }
+    if (ecap->invalidated)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (m && m->cap != ecap) {
+        m->cap->invalidated = 1;
+        ecap->invalidated = 1;
+        return CUDA_ERROR_STREAM_CAPTURE_MERGE;
+    }
+    *captured = 1;
+    if (m) /* join */
+        return merge_deps(m, e->cap_deps, e->cap_ndeps) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    fc_stream_t *s = fc_vec_find(&fc.streams, key);
+    int blocking = s && !(s->flags & CU_STREAM_NON_BLOCKING);
+    return join_unlocked(ecap, key, blocking, e->cap_deps, e->cap_ndeps) ? CUDA_SUCCESS
+                                                                         : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult fc_cap_event_use_unlocked(fc_event_t *e)
+{
+    fc_capture_t *cap = active_capture(e->cap_id);
+    if (!cap) {
+        if (e->cap_id) /* its capture ended: as if never recorded */
+            fc_cap_event_clear(e);
+        return CUDA_SUCCESS;
+    }
+    cap->invalidated = 1;
+    return CUDA_ERROR_CAPTURED_EVENT;
+}
+
+/* ------------------------------------------------------------------ */
+/* entry points                                                         */
+
+FC_API CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    FC_BEGIN(FN_cuThreadExchangeStreamCaptureMode, 1);
+    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    int old = tls_mode;
+    tls_mode = (int)*mode;
+    *mode = (CUstreamCaptureMode)old;
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    FC_BEGIN(FN_cuStreamBeginCapture_v2, 1);
+    struct CUctx_st *c, *sctx;
+    uint64_t key;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS ||
+        (res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+        goto done;
+    if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (key == KEY_LEGACY) /* documented: the legacy stream cannot be captured */
+        FC_FAIL(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    if (member_unlocked(key))
+        FC_FAIL(CUDA_ERROR_ILLEGAL_STATE);
+    fc_capture_t *cap = calloc(1, sizeof *cap);
+    struct CUgraph_st *g = cap ? fc_graph_new_unlocked() : NULL;
+    if (!g || fc_vec_insert(&fc.captures, fc.next_capture_id + 1, cap) != 0) {
+        if (g)
+            fc_graph_free_unlocked(g);
+        free(cap);
+        FC_FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    cap->id = ++fc.next_capture_id;
+    cap->mode = mode;
+    cap->thread = pthread_self();
+    cap->ctx = sctx;
+    cap->origin = key;
+    cap->graph = g;
+    g->capture_id = cap->id;
+    fc_stream_t *s = fc_vec_find(&fc.streams, key);
+    if (!join_unlocked(cap, key, s && !(s->flags & CU_STREAM_NON_BLOCKING), NULL, 0)) {
+        fc_vec_remove(&fc.captures, cap->id);
+        fc_graph_free_unlocked(g);
+        free(cap);
+        FC_FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    FC_END();
+}
+
+/* Is every node of m's set the origin's set or one of its ancestors? */
+static int joined_unlocked(const fc_capstream_t *origin, const fc_capstream_t *m)
+{
+    size_t n = origin->cap->graph->n;
+    unsigned char *anc = calloc(n ? n : 1, 1);
+    if (!anc)
+        return 0;
+    for (size_t i = 0; i < origin->ndeps; i++)
+        anc[origin->deps[i]->index] = 1;
+    for (size_t i = n; i-- > 0;) { /* nodes are in topological order */
+        const struct CUgraphNode_st *node = origin->cap->graph->nodes[i];
+        if (anc[i])
+            for (size_t j = 0; j < node->ndeps; j++)
+                anc[node->deps[j]->index] = 1;
+    }
+    int ok = 1;
+    for (size_t i = 0; i < m->ndeps && ok; i++)
+        ok = anc[m->deps[i]->index];
+    free(anc);
+    return ok;
+}
+
+FC_API CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    FC_BEGIN(FN_cuStreamEndCapture, 1);
+    struct CUctx_st *c, *sctx;
+    uint64_t key;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS ||
+        (res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+        goto done;
+    if (!phGraph)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    fc_capstream_t *m = key == KEY_LEGACY ? NULL : member_unlocked(key);
+    if (!m)
+        FC_FAIL(CUDA_ERROR_ILLEGAL_STATE);
+    fc_capture_t *cap = m->cap;
+    if (cap->origin != key) {
+        cap->invalidated = 1;
+        FC_FAIL(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+    }
+    if (cap->mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(cap->thread, pthread_self()))
+        FC_FAIL(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    res = cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+    for (size_t i = 0; i < fc.capstreams.n && res == CUDA_SUCCESS; i++) {
+        const fc_capstream_t *o = fc.capstreams.v[i].val;
+        if (o->cap == cap && o != m && !joined_unlocked(m, o))
+            res = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+    }
+    struct CUgraph_st *g = cap->graph;
+    end_unlocked(cap);
+    if (res != CUDA_SUCCESS) {
+        fc_graph_free_unlocked(g);
+        *phGraph = NULL;
+    } else {
+        *phGraph = g;
+    }
+    FC_END();
+}
+
+/* Status, id, graph and dependency set of the capture hStream takes part in. */
+static CUresult capture_info(CUstream hStream, CUstreamCaptureStatus *status, cuuint64_t *id,
+                             CUgraph *graph, const CUgraphNode **deps,
+                             const CUgraphEdgeData **edges, size_t *ndeps)
+{
+    struct CUctx_st *c, *sctx;
+    uint64_t key;
+    CUresult res;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS ||
+        (res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+        return res;
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (key == KEY_LEGACY && implicit_unlocked(sctx))
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    fc_capstream_t *m = key == KEY_LEGACY ? NULL : member_unlocked(key);
+    *status = !m ? CU_STREAM_CAPTURE_STATUS_NONE
+              : m->cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                    : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    int active = *status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (id)
+        *id = m ? m->cap->id : 0;
+    if (graph)
+        *graph = active ? m->cap->graph : NULL;
+    if (deps)
+        *deps = active ? (const CUgraphNode *)m->deps : NULL;
+    if (edges)
+        *edges = active ? m->edges : NULL;
+    if (ndeps)
+        *ndeps = active ? m->ndeps : 0;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    FC_BEGIN(FN_cuStreamIsCapturing, 1);
+    res = capture_info(hStream, captureStatus, NULL, NULL, NULL, NULL, NULL);
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                                  cuuint64_t *id_out, CUgraph *graph_out,
+                                                  const CUgraphNode **dependencies_out,
+                                                  const CUgraphEdgeData **edgeData_out,
+                                                  size_t *numDependencies_out)
+{
+    FC_BEGIN(FN_cuStreamGetCaptureInfo_v3, 1);
+    res = capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+                       numDependencies_out);
+    FC_END();
+}
+
+FC_API CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                                  cuuint64_t *id_out, CUgraph *graph_out,
+                                                  const CUgraphNode **dependencies_out,
+                                                  size_t *numDependencies_out)
+{
+    FC_BEGIN(FN_cuStreamGetCaptureInfo_v2, 1);
+    res = capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, NULL,
+                       numDependencies_out);
+    FC_END();
+}
