@@ -236,7 +236,12 @@ RT_API cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size)
     return cudaSuccess;
 }
 
-/* Like the real runtime, cudaFree waits for the device first. */
+/* Like the real runtime, cudaFree waits for the device. cuMemFree_v2
+ * applies the capture rules of a potentially unsafe call (the caller's
+ * capture mode); the wait itself is for uncaptured work only, so it runs in
+ * relaxed mode, where cuCtxSynchronize does not touch a capture (Note
+ * [Stream capture] in fakecuda_capture.c). Waiting after the free instead
+ * of before changes nothing observable: nothing runs in between. */
 RT_API cudaError_t CUDARTAPI cudaFree(void *devPtr)
 {
     SIM_ENTRY("cudaFree");
@@ -245,8 +250,13 @@ RT_API cudaError_t CUDARTAPI cudaFree(void *devPtr)
         return rt_err(e);
     if (!devPtr)
         return cudaSuccess;
+    if ((e = rt_cu(cuMemFree_v2((CUdeviceptr)(uintptr_t)devPtr))) != cudaSuccess)
+        return e;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    cuThreadExchangeStreamCaptureMode(&mode);
     cuCtxSynchronize();
-    return rt_cu(cuMemFree_v2((CUdeviceptr)(uintptr_t)devPtr));
+    cuThreadExchangeStreamCaptureMode(&mode);
+    return cudaSuccess;
 }
 
 static cudaError_t check_stream(cudaStream_t s)
