@@ -196,6 +196,11 @@ def test_synchronising_or_querying_captured_work_is_rejected():
         n = stream(1)
         rt.cudaStreamBeginCapture(n, GLOBAL)
         o["nonblocking"] = [rt.cudaMemsetAsync(d, 0, sz(64), None), end(n)[0]]
+        # no memory nodes: stream-ordered allocation is refused on a capturing stream
+        rt.cudaStreamBeginCapture(n, RELAXED)
+        p = vp()
+        o["malloc_async"] = [rt.cudaMallocAsync(C.byref(p), sz(64), n), end(n)[0],
+                             rt.cudaMallocAsync(C.byref(p), sz(64), n), rt.cudaFreeAsync(p, n)]
         last()
         emit(o)
     ''')
@@ -206,6 +211,7 @@ def test_synchronising_or_querying_captured_work_is_rejected():
     assert out["event_after"] == 0
     assert out["implicit"] == [906, 2, 901]       # cudaErrorStreamCaptureImplicit
     assert out["nonblocking"] == [0, 0]
+    assert out["malloc_async"] == [900, 0, 0, 0]
 
 
 def test_fork_join_through_events_and_the_join_rules():

@@ -266,14 +266,26 @@ static cudaError_t check_stream(cudaStream_t s)
 }
 
 /* Stream-ordered allocation, without pools: the memory exists at once and
- * is freed at once (every schedule the real one allows includes this). */
+ * is freed at once (every schedule the real one allows includes this). On
+ * a capturing stream a GPU would add a memory node to the graph; the fake
+ * has no memory nodes and refuses (torch's native allocator never calls
+ * these; its cudaMallocAsync backend is not simulated under capture). */
+static cudaError_t refuse_capture(cudaStream_t s)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = cuStreamIsCapturing(s, &st);
+    if (r != CUDA_SUCCESS)
+        return rt_cu(r);
+    return st != CU_STREAM_CAPTURE_STATUS_NONE ? rt_err(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+
 RT_API cudaError_t CUDARTAPI cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
 {
     SIM_ENTRY("cudaMallocAsync");
     cudaError_t e = rt_ctx();
     if (e != cudaSuccess)
         return rt_err(e);
-    if ((e = check_stream(hStream)) != cudaSuccess)
+    if ((e = check_stream(hStream)) != cudaSuccess || (e = refuse_capture(hStream)) != cudaSuccess)
         return e;
     if (!devPtr)
         return rt_err(cudaErrorInvalidValue);
@@ -291,7 +303,7 @@ RT_API cudaError_t CUDARTAPI cudaFreeAsync(void *devPtr, cudaStream_t hStream)
     cudaError_t e = rt_ctx();
     if (e != cudaSuccess)
         return rt_err(e);
-    if ((e = check_stream(hStream)) != cudaSuccess)
+    if ((e = check_stream(hStream)) != cudaSuccess || (e = refuse_capture(hStream)) != cudaSuccess)
         return e;
     if (!devPtr)
         return cudaSuccess;

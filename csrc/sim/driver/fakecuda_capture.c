@@ -44,9 +44,12 @@
  *   mode, thread-local only the former, relaxed never.
  * Limitations: the per-thread default stream counts as non-blocking for
  *   the implicit-synchronisation rule; an event recorded in a capture that
- *   has ended behaves as if never recorded; graphs cannot be launched into
+ *   has ended keeps the state of its last record outside a capture (never
+ *   recorded: complete); graphs cannot be launched into
  *   a capture (no child-graph nodes); no capture into an existing graph
- *   (cuStreamBeginCaptureToGraph), no cuStreamUpdateCaptureDependencies.
+ *   (cuStreamBeginCaptureToGraph), no cuStreamUpdateCaptureDependencies;
+ *   dependency sets are not reduced (after a join a set may hold a node
+ *   and its ancestor); a context reset leaves captures and graphs alone.
  */
 
 static __thread int tls_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
