@@ -16,50 +16,27 @@
  */
 #include "rt_internal.h"
 
-/* rt_ctx, then the driver call; both errors recorded. */
-#define WITH_CTX(call)                                                      \
-    do {                                                                    \
-        cudaError_t e_ = rt_ctx();                                          \
-        if (e_ != cudaSuccess)                                              \
-            return rt_err(e_);                                              \
-        return rt_cu(call);                                                 \
-    } while (0)
-
-/* An entry point and its _ptsz twin (stream 0 means the per-thread one). */
-#define PTSZ_PAIR(name, call_args, decl_args)                               \
-    RT_API cudaError_t CUDARTAPI name decl_args                             \
-    {                                                                       \
-        SIM_ENTRY(#name);                                                   \
-        return name##_impl call_args;                                       \
-    }                                                                       \
-    RT_API cudaError_t CUDARTAPI name##_ptsz decl_args                      \
-    {                                                                       \
-        SIM_ENTRY(#name "_ptsz");                                           \
-        stream = rt_ptsz(stream);                                           \
-        return name##_impl call_args;                                       \
-    }
-
 /* ------------------------------------------------------------------ */
 /* capture                                                              */
 
 static cudaError_t cudaStreamBeginCapture_impl(cudaStream_t stream, enum cudaStreamCaptureMode mode)
 {
-    WITH_CTX(cuStreamBeginCapture_v2(stream, (CUstreamCaptureMode)mode));
+    RT_WITH_CTX(cuStreamBeginCapture_v2(stream, (CUstreamCaptureMode)mode));
 }
-PTSZ_PAIR(cudaStreamBeginCapture, (stream, mode), (cudaStream_t stream, enum cudaStreamCaptureMode mode))
+RT_PTSZ_PAIR(cudaStreamBeginCapture, (stream, mode), (cudaStream_t stream, enum cudaStreamCaptureMode mode))
 
 static cudaError_t cudaStreamEndCapture_impl(cudaStream_t stream, cudaGraph_t *pGraph)
 {
-    WITH_CTX(cuStreamEndCapture(stream, pGraph));
+    RT_WITH_CTX(cuStreamEndCapture(stream, pGraph));
 }
-PTSZ_PAIR(cudaStreamEndCapture, (stream, pGraph), (cudaStream_t stream, cudaGraph_t *pGraph))
+RT_PTSZ_PAIR(cudaStreamEndCapture, (stream, pGraph), (cudaStream_t stream, cudaGraph_t *pGraph))
 
 static cudaError_t cudaStreamIsCapturing_impl(cudaStream_t stream,
                                               enum cudaStreamCaptureStatus *pCaptureStatus)
 {
-    WITH_CTX(cuStreamIsCapturing(stream, (CUstreamCaptureStatus *)pCaptureStatus));
+    RT_WITH_CTX(cuStreamIsCapturing(stream, (CUstreamCaptureStatus *)pCaptureStatus));
 }
-PTSZ_PAIR(cudaStreamIsCapturing, (stream, pCaptureStatus),
+RT_PTSZ_PAIR(cudaStreamIsCapturing, (stream, pCaptureStatus),
           (cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus))
 
 static cudaError_t cudaStreamGetCaptureInfo_impl(cudaStream_t stream,
@@ -69,11 +46,11 @@ static cudaError_t cudaStreamGetCaptureInfo_impl(cudaStream_t stream,
                                                  const cudaGraphEdgeData **edgeData_out,
                                                  size_t *numDependencies_out)
 {
-    WITH_CTX(cuStreamGetCaptureInfo_v3(stream, (CUstreamCaptureStatus *)captureStatus_out,
+    RT_WITH_CTX(cuStreamGetCaptureInfo_v3(stream, (CUstreamCaptureStatus *)captureStatus_out,
                                        (cuuint64_t *)id_out, graph_out, dependencies_out,
                                        (const CUgraphEdgeData **)edgeData_out, numDependencies_out));
 }
-PTSZ_PAIR(cudaStreamGetCaptureInfo,
+RT_PTSZ_PAIR(cudaStreamGetCaptureInfo,
           (stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
            numDependencies_out),
           (cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
@@ -94,9 +71,9 @@ RT_API cudaError_t CUDARTAPI cudaThreadExchangeStreamCaptureMode(enum cudaStream
 /* Runs at once, or becomes a host node on a capturing stream. */
 static cudaError_t cudaLaunchHostFunc_impl(cudaStream_t stream, cudaHostFn_t fn, void *userData)
 {
-    WITH_CTX(cuLaunchHostFunc(stream, fn, userData));
+    RT_WITH_CTX(cuLaunchHostFunc(stream, fn, userData));
 }
-PTSZ_PAIR(cudaLaunchHostFunc, (stream, fn, userData),
+RT_PTSZ_PAIR(cudaLaunchHostFunc, (stream, fn, userData),
           (cudaStream_t stream, cudaHostFn_t fn, void *userData))
 
 /* ------------------------------------------------------------------ */
@@ -105,19 +82,19 @@ PTSZ_PAIR(cudaLaunchHostFunc, (stream, fn, userData),
 RT_API cudaError_t CUDARTAPI cudaGraphCreate(cudaGraph_t *pGraph, unsigned int flags)
 {
     SIM_ENTRY("cudaGraphCreate");
-    WITH_CTX(cuGraphCreate(pGraph, flags));
+    RT_WITH_CTX(cuGraphCreate(pGraph, flags));
 }
 
 RT_API cudaError_t CUDARTAPI cudaGraphDestroy(cudaGraph_t graph)
 {
     SIM_ENTRY("cudaGraphDestroy");
-    WITH_CTX(cuGraphDestroy(graph));
+    RT_WITH_CTX(cuGraphDestroy(graph));
 }
 
 RT_API cudaError_t CUDARTAPI cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *numNodes)
 {
     SIM_ENTRY("cudaGraphGetNodes");
-    WITH_CTX(cuGraphGetNodes(graph, nodes, numNodes));
+    RT_WITH_CTX(cuGraphGetNodes(graph, nodes, numNodes));
 }
 
 RT_API cudaError_t CUDARTAPI cudaGraphNodeGetDependencies(cudaGraphNode_t node, cudaGraphNode_t *pDependencies,
@@ -125,14 +102,14 @@ RT_API cudaError_t CUDARTAPI cudaGraphNodeGetDependencies(cudaGraphNode_t node, 
                                                           size_t *pNumDependencies)
 {
     SIM_ENTRY("cudaGraphNodeGetDependencies");
-    WITH_CTX(cuGraphNodeGetDependencies_v2(node, pDependencies, (CUgraphEdgeData *)edgeData,
+    RT_WITH_CTX(cuGraphNodeGetDependencies_v2(node, pDependencies, (CUgraphEdgeData *)edgeData,
                                            pNumDependencies));
 }
 
 RT_API cudaError_t CUDARTAPI cudaGraphDebugDotPrint(cudaGraph_t graph, const char *path, unsigned int flags)
 {
     SIM_ENTRY("cudaGraphDebugDotPrint");
-    WITH_CTX(cuGraphDebugDotPrint(graph, path, flags));
+    RT_WITH_CTX(cuGraphDebugDotPrint(graph, path, flags));
 }
 
 /* cudaGraphInstantiate's flags are cudaGraphInstantiateWithFlags's since
@@ -141,14 +118,14 @@ RT_API cudaError_t CUDARTAPI cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, c
                                                   unsigned long long flags)
 {
     SIM_ENTRY("cudaGraphInstantiate");
-    WITH_CTX(cuGraphInstantiateWithFlags(pGraphExec, graph, flags));
+    RT_WITH_CTX(cuGraphInstantiateWithFlags(pGraphExec, graph, flags));
 }
 
 RT_API cudaError_t CUDARTAPI cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
                                                            unsigned long long flags)
 {
     SIM_ENTRY("cudaGraphInstantiateWithFlags");
-    WITH_CTX(cuGraphInstantiateWithFlags(pGraphExec, graph, flags));
+    RT_WITH_CTX(cuGraphInstantiateWithFlags(pGraphExec, graph, flags));
 }
 
 /* The two parameter structs have the same layout (checked by the tests). */
@@ -182,23 +159,23 @@ RT_API cudaError_t CUDARTAPI cudaGraphExecUpdate(cudaGraphExec_t hGraphExec, cud
                                                  cudaGraphExecUpdateResultInfo *resultInfo)
 {
     SIM_ENTRY("cudaGraphExecUpdate");
-    WITH_CTX(cuGraphExecUpdate_v2(hGraphExec, hGraph, (CUgraphExecUpdateResultInfo *)resultInfo));
+    RT_WITH_CTX(cuGraphExecUpdate_v2(hGraphExec, hGraph, (CUgraphExecUpdateResultInfo *)resultInfo));
 }
 
 static cudaError_t cudaGraphUpload_impl(cudaGraphExec_t graphExec, cudaStream_t stream)
 {
-    WITH_CTX(cuGraphUpload(graphExec, stream));
+    RT_WITH_CTX(cuGraphUpload(graphExec, stream));
 }
-PTSZ_PAIR(cudaGraphUpload, (graphExec, stream), (cudaGraphExec_t graphExec, cudaStream_t stream))
+RT_PTSZ_PAIR(cudaGraphUpload, (graphExec, stream), (cudaGraphExec_t graphExec, cudaStream_t stream))
 
 static cudaError_t cudaGraphLaunch_impl(cudaGraphExec_t graphExec, cudaStream_t stream)
 {
-    WITH_CTX(cuGraphLaunch(graphExec, stream));
+    RT_WITH_CTX(cuGraphLaunch(graphExec, stream));
 }
-PTSZ_PAIR(cudaGraphLaunch, (graphExec, stream), (cudaGraphExec_t graphExec, cudaStream_t stream))
+RT_PTSZ_PAIR(cudaGraphLaunch, (graphExec, stream), (cudaGraphExec_t graphExec, cudaStream_t stream))
 
 RT_API cudaError_t CUDARTAPI cudaGraphExecDestroy(cudaGraphExec_t graphExec)
 {
     SIM_ENTRY("cudaGraphExecDestroy");
-    WITH_CTX(cuGraphExecDestroy(graphExec));
+    RT_WITH_CTX(cuGraphExecDestroy(graphExec));
 }

@@ -56,6 +56,30 @@ CUcontext rt_primary_ctx(int dev);
  * stream 0 there means the per-thread stream. */
 static inline cudaStream_t rt_ptsz(cudaStream_t s) { return s ? s : cudaStreamPerThread; }
 
+/* rt_ctx, then the driver call; both errors recorded. */
+#define RT_WITH_CTX(call)                                                   \
+    do {                                                                    \
+        cudaError_t e_ = rt_ctx();                                          \
+        if (e_ != cudaSuccess)                                              \
+            return rt_err(e_);                                              \
+        return rt_cu(call);                                                 \
+    } while (0)
+
+/* An entry point and its _ptsz twin (stream 0 there means the per-thread
+ * stream), both calling name##_impl with a variable named `stream`. */
+#define RT_PTSZ_PAIR(name, call_args, decl_args)                            \
+    RT_API cudaError_t CUDARTAPI name decl_args                             \
+    {                                                                       \
+        SIM_ENTRY(#name);                                                   \
+        return name##_impl call_args;                                       \
+    }                                                                       \
+    RT_API cudaError_t CUDARTAPI name##_ptsz decl_args                      \
+    {                                                                       \
+        SIM_ENTRY(#name "_ptsz");                                           \
+        stream = rt_ptsz(stream);                                           \
+        return name##_impl call_args;                                       \
+    }
+
 /* The fake driver's kernel launch (csrc/sim/driver/fakecuda_timeline.c):
  * checks hStream and puts the kernel's work on its timeline; cycles >= 0
  * for torch's _sleep kernel, -1 for any other. */

@@ -15,95 +15,73 @@
  */
 #include "rt_internal.h"
 
-/* rt_ctx, then the driver call; both errors recorded. */
-#define WITH_CTX(call)                                                      \
-    do {                                                                    \
-        cudaError_t e_ = rt_ctx();                                          \
-        if (e_ != cudaSuccess)                                              \
-            return rt_err(e_);                                              \
-        return rt_cu(call);                                                 \
-    } while (0)
-
 /* ------------------------------------------------------------------ */
 /* streams                                                              */
 
 RT_API cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t *pStream)
 {
     SIM_ENTRY("cudaStreamCreate");
-    WITH_CTX(cuStreamCreate(pStream, 0));
+    RT_WITH_CTX(cuStreamCreate(pStream, 0));
 }
 
 RT_API cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
 {
     SIM_ENTRY("cudaStreamCreateWithFlags");
-    WITH_CTX(cuStreamCreate(pStream, flags));
+    RT_WITH_CTX(cuStreamCreate(pStream, flags));
 }
 
 RT_API cudaError_t CUDARTAPI cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags,
                                                           int priority)
 {
     SIM_ENTRY("cudaStreamCreateWithPriority");
-    WITH_CTX(cuStreamCreateWithPriority(pStream, flags, priority));
+    RT_WITH_CTX(cuStreamCreateWithPriority(pStream, flags, priority));
 }
 
 RT_API cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream)
 {
     SIM_ENTRY("cudaStreamDestroy");
-    WITH_CTX(cuStreamDestroy_v2(stream));
+    RT_WITH_CTX(cuStreamDestroy_v2(stream));
 }
 
-#define STREAM_PAIR(name, call_args, decl_args)                             \
-    RT_API cudaError_t CUDARTAPI name decl_args                             \
-    {                                                                       \
-        SIM_ENTRY(#name);                                                   \
-        return name##_impl call_args;                                       \
-    }                                                                       \
-    RT_API cudaError_t CUDARTAPI name##_ptsz decl_args                      \
-    {                                                                       \
-        SIM_ENTRY(#name "_ptsz");                                           \
-        stream = rt_ptsz(stream);                                           \
-        return name##_impl call_args;                                       \
-    }
-
-static cudaError_t cudaStreamQuery_impl(cudaStream_t stream) { WITH_CTX(cuStreamQuery(stream)); }
-STREAM_PAIR(cudaStreamQuery, (stream), (cudaStream_t stream))
+static cudaError_t cudaStreamQuery_impl(cudaStream_t stream) { RT_WITH_CTX(cuStreamQuery(stream)); }
+RT_PTSZ_PAIR(cudaStreamQuery, (stream), (cudaStream_t stream))
 
 static cudaError_t cudaStreamSynchronize_impl(cudaStream_t stream)
 {
-    WITH_CTX(cuStreamSynchronize(stream));
+    RT_WITH_CTX(cuStreamSynchronize(stream));
 }
-STREAM_PAIR(cudaStreamSynchronize, (stream), (cudaStream_t stream))
+RT_PTSZ_PAIR(cudaStreamSynchronize, (stream), (cudaStream_t stream))
 
 static cudaError_t cudaStreamWaitEvent_impl(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
 {
-    WITH_CTX(cuStreamWaitEvent(stream, event, flags));
+    RT_WITH_CTX(cuStreamWaitEvent(stream, event, flags));
 }
-STREAM_PAIR(cudaStreamWaitEvent, (stream, event, flags),
+RT_PTSZ_PAIR(cudaStreamWaitEvent, (stream, event, flags),
             (cudaStream_t stream, cudaEvent_t event, unsigned int flags))
 
 static cudaError_t cudaStreamGetPriority_impl(cudaStream_t stream, int *priority)
 {
-    WITH_CTX(cuStreamGetPriority(stream, priority));
+    RT_WITH_CTX(cuStreamGetPriority(stream, priority));
 }
-STREAM_PAIR(cudaStreamGetPriority, (stream, priority), (cudaStream_t stream, int *priority))
+RT_PTSZ_PAIR(cudaStreamGetPriority, (stream, priority), (cudaStream_t stream, int *priority))
 
 static cudaError_t cudaStreamGetFlags_impl(cudaStream_t stream, unsigned int *flags)
 {
-    WITH_CTX(cuStreamGetFlags(stream, flags));
+    RT_WITH_CTX(cuStreamGetFlags(stream, flags));
 }
-STREAM_PAIR(cudaStreamGetFlags, (stream, flags), (cudaStream_t stream, unsigned int *flags))
+RT_PTSZ_PAIR(cudaStreamGetFlags, (stream, flags), (cudaStream_t stream, unsigned int *flags))
 
 static cudaError_t cudaStreamGetId_impl(cudaStream_t stream, unsigned long long *streamId)
 {
-    WITH_CTX(cuStreamGetId(stream, streamId));
+    RT_WITH_CTX(cuStreamGetId(stream, streamId));
 }
-STREAM_PAIR(cudaStreamGetId, (stream, streamId), (cudaStream_t stream, unsigned long long *streamId))
+RT_PTSZ_PAIR(cudaStreamGetId, (stream, streamId), (cudaStream_t stream, unsigned long long *streamId))
 
 static cudaError_t cudaStreamGetDevice_impl(cudaStream_t stream, int *device)
 {
-    WITH_CTX(cuStreamGetDevice(stream, device));
+    RT_WITH_CTX(cuStreamGetDevice(stream, device));
 }
-STREAM_PAIR(cudaStreamGetDevice, (stream, device), (cudaStream_t stream, int *device))
+RT_PTSZ_PAIR(cudaStreamGetDevice, (stream, device), (cudaStream_t stream, int *device))
 
 /* ------------------------------------------------------------------ */
 /* stream callbacks (host functions and capture: rt_graph.c)            */
@@ -122,7 +100,7 @@ static cudaError_t cudaStreamAddCallback_impl(cudaStream_t stream, cudaStreamCal
     callback(stream, cudaSuccess, userData);
     return cudaSuccess;
 }
-STREAM_PAIR(cudaStreamAddCallback, (stream, callback, userData, flags),
+RT_PTSZ_PAIR(cudaStreamAddCallback, (stream, callback, userData, flags),
             (cudaStream_t stream, cudaStreamCallback_t callback, void *userData, unsigned int flags))
 
 /* ------------------------------------------------------------------ */
@@ -131,19 +109,19 @@ STREAM_PAIR(cudaStreamAddCallback, (stream, callback, userData, flags),
 RT_API cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t *event)
 {
     SIM_ENTRY("cudaEventCreate");
-    WITH_CTX(cuEventCreate(event, 0));
+    RT_WITH_CTX(cuEventCreate(event, 0));
 }
 
 /* cudaEvent* flags have the CU_EVENT_* values. */
 RT_API cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
 {
     SIM_ENTRY("cudaEventCreateWithFlags");
-    WITH_CTX(cuEventCreate(event, flags));
+    RT_WITH_CTX(cuEventCreate(event, flags));
 }
 
 static cudaError_t cudaEventRecord_impl(cudaEvent_t event, cudaStream_t stream)
 {
-    WITH_CTX(cuEventRecord(event, stream));
+    RT_WITH_CTX(cuEventRecord(event, stream));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
@@ -161,7 +139,7 @@ RT_API cudaError_t CUDARTAPI cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_
 static cudaError_t cudaEventRecordWithFlags_impl(cudaEvent_t event, cudaStream_t stream,
                                                  unsigned int flags)
 {
-    WITH_CTX(cuEventRecordWithFlags(event, stream, flags));
+    RT_WITH_CTX(cuEventRecordWithFlags(event, stream, flags));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream,
@@ -181,23 +159,23 @@ RT_API cudaError_t CUDARTAPI cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cu
 RT_API cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event)
 {
     SIM_ENTRY("cudaEventQuery");
-    WITH_CTX(cuEventQuery(event));
+    RT_WITH_CTX(cuEventQuery(event));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event)
 {
     SIM_ENTRY("cudaEventSynchronize");
-    WITH_CTX(cuEventSynchronize(event));
+    RT_WITH_CTX(cuEventSynchronize(event));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
     SIM_ENTRY("cudaEventElapsedTime");
-    WITH_CTX(cuEventElapsedTime_v2(ms, start, end));
+    RT_WITH_CTX(cuEventElapsedTime_v2(ms, start, end));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event)
 {
     SIM_ENTRY("cudaEventDestroy");
-    WITH_CTX(cuEventDestroy_v2(event));
+    RT_WITH_CTX(cuEventDestroy_v2(event));
 }

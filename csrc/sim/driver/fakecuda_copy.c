@@ -60,7 +60,7 @@ static CUresult check_set_unlocked(uint64_t dst, size_t elem, size_t n)
     return fc_accessible_unlocked(dst, n * elem, 1) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-static void do_set(uint64_t dst, unsigned int value, size_t elem, size_t n)
+void fc_fill_unlocked(uint64_t dst, unsigned int value, size_t elem, size_t n)
 {
     if (elem == 1) {
         memset((void *)(uintptr_t)dst, (int)(value & 0xff), n);
@@ -120,7 +120,7 @@ static CUresult set_op_unlocked(int sync, CUstream h, uint64_t dst, unsigned int
         res = fc_cap_work_unlocked(sctx, key, n ? &proto : NULL, &captured);
     if (res != CUDA_SUCCESS || captured || n == 0)
         return res;
-    do_set(dst, value, elem, n);
+    fc_fill_unlocked(dst, value, elem, n);
     fc_tl_copy_unlocked(sync ? NULL : h, dst, 0, n * elem, 0);
     return CUDA_SUCCESS;
 }

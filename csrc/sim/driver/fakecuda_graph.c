@@ -380,13 +380,7 @@ static CUresult run_node_unlocked(const struct CUgraphNode_st *n, CUstream h, st
     case FC_NODE_MEMSET:
         if (n->u.set.n && !fc_accessible_unlocked(n->u.set.dst, n->u.set.n * n->u.set.elem, 1))
             return CUDA_ERROR_ILLEGAL_ADDRESS;
-        if (n->u.set.elem == 1) {
-            memset((void *)(uintptr_t)n->u.set.dst, (int)(n->u.set.value & 0xff), n->u.set.n);
-        } else {
-            uint32_t *p = (uint32_t *)(uintptr_t)n->u.set.dst;
-            for (size_t i = 0; i < n->u.set.n; i++)
-                p[i] = n->u.set.value;
-        }
+        fc_fill_unlocked(n->u.set.dst, n->u.set.value, n->u.set.elem, n->u.set.n);
         fc_tl_copy_unlocked(h, n->u.set.dst, 0, n->u.set.n * n->u.set.elem, 0);
         break;
     case FC_NODE_EVENT_RECORD:

@@ -365,6 +365,10 @@ int fc_accessible_unlocked(uint64_t p, size_t n, int write);
 int fc_lookup_device_ptr_unlocked(uint64_t p, uint64_t *base, size_t *size, int *dev);
 int fc_mem_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
 
+/* fakecuda_copy.c: the work of a memset (elem 1 or 4 bytes, n of them;
+ * the range already checked), also replayed by graph launches. */
+void fc_fill_unlocked(uint64_t dst, unsigned int value, size_t elem, size_t n);
+
 /* fakecuda_event.c: one poll of an event (a query: 1 when complete, which
  * may complete it), and "recorded and not complete" without polling. */
 int fc_event_poll_unlocked(fc_event_t *e);
