@@ -56,7 +56,8 @@ AUTO = "auto"
 # The fake driver (kept compatible with tests/fakecuda/build.py).
 DRIVER_SOURCES = ("fakecuda.c", "fakecuda_report.c", "fakecuda_mem.c", "fakecuda_sync.c",
                   "fakecuda_copy.c", "fakecuda_stubs.c", "fakecuda_gpu.c", "fakecuda_timeline.c",
-                  "fakecuda_va.c", "fakecuda_event.c", "fakecuda_capture.c", "fakecuda_graph.c")
+                  "fakecuda_va.c", "fakecuda_event.c", "fakecuda_capture.c", "fakecuda_capture_rules.c",
+                  "fakecuda_graph.c")
 DRIVER_HEADERS = ("fakecuda_internal.h", "cuda_min.h")
 DRIVER_MAP = "libcuda.map"
 DRIVER_SONAME = "libcuda.so.1"

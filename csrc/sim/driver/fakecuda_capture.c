@@ -1,7 +1,8 @@
 /*
- * fakecuda_capture.c - stream capture of the fake CUDA driver: begin/end,
- * capture status and information, the per-thread capture mode, and the
- * rules the other files ask before they run work (Note [Stream capture]).
+ * fakecuda_capture.c - stream capture of the fake CUDA driver: the capture
+ * state, begin/end, capture status and information, and the per-thread
+ * capture mode (Note [Stream capture]). What a capture means for the other
+ * calls (nodes, forbidden calls) is fakecuda_capture_rules.c's.
  *
  * Invariants: a stream key is in fc.capstreams iff the stream takes part in
  * a capture in fc.captures; a capture's origin stream takes part until the
@@ -56,12 +57,14 @@ static __thread int tls_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 #define KEY_LEGACY 1ull /* fakecuda_sync.c's key of the legacy stream */
 
-static fc_capstream_t *member_unlocked(uint64_t key) { return fc_vec_find(&fc.capstreams, key); }
+fc_capstream_t *fc_cap_member_unlocked(uint64_t key) { return fc_vec_find(&fc.capstreams, key); }
 
-int fc_cap_is_capturing_unlocked(uint64_t key) { return member_unlocked(key) != NULL; }
+int fc_cap_thread_mode(void) { return tls_mode; }
+
+int fc_cap_is_capturing_unlocked(uint64_t key) { return fc_cap_member_unlocked(key) != NULL; }
 
 /* Replace m's dependency set with n nodes (copied); -1 out of memory. */
-static int set_deps(fc_capstream_t *m, struct CUgraphNode_st *const *deps, size_t n)
+int fc_cap_set_deps(fc_capstream_t *m, struct CUgraphNode_st *const *deps, size_t n)
 {
     struct CUgraphNode_st **d = NULL;
     CUgraphEdgeData *e = NULL;
@@ -83,13 +86,13 @@ static int set_deps(fc_capstream_t *m, struct CUgraphNode_st *const *deps, size_
     return 0;
 }
 
-static fc_capstream_t *join_unlocked(fc_capture_t *cap, uint64_t key, int blocking,
+fc_capstream_t *fc_cap_join_unlocked(fc_capture_t *cap, uint64_t key, int blocking,
                                      struct CUgraphNode_st *const *deps, size_t n)
 {
     fc_capstream_t *m = calloc(1, sizeof *m);
-    if (!m || set_deps(m, deps, n) != 0 || fc_vec_insert(&fc.capstreams, key, m) != 0) {
+    if (!m || fc_cap_set_deps(m, deps, n) != 0 || fc_vec_insert(&fc.capstreams, key, m) != 0) {
         if (m)
-            set_deps(m, NULL, 0);
+            fc_cap_set_deps(m, NULL, 0);
         free(m);
         return NULL;
     }
@@ -103,7 +106,7 @@ static void leave_unlocked(size_t idx)
 {
     fc_capstream_t *m = fc.capstreams.v[idx].val;
     fc_vec_remove_at(&fc.capstreams, idx);
-    set_deps(m, NULL, 0);
+    fc_cap_set_deps(m, NULL, 0);
     free(m);
 }
 
@@ -118,10 +121,10 @@ static void end_unlocked(fc_capture_t *cap)
     free(cap);
 }
 
-static fc_capture_t *active_capture(uint64_t id) { return id ? fc_vec_find(&fc.captures, id) : NULL; }
+fc_capture_t *fc_cap_active_unlocked(uint64_t id) { return id ? fc_vec_find(&fc.captures, id) : NULL; }
 
 /* Does a blocking stream of ctx take part in a capture? Invalidates it. */
-static int implicit_unlocked(struct CUctx_st *ctx)
+int fc_cap_implicit_unlocked(struct CUctx_st *ctx)
 {
     int hit = 0;
     for (size_t i = 0; i < fc.capstreams.n; i++) {
@@ -132,199 +135,6 @@ static int implicit_unlocked(struct CUctx_st *ctx)
         }
     }
     return hit;
-}
-
-CUresult fc_cap_work_unlocked(struct CUctx_st *sctx, uint64_t key, const struct CUgraphNode_st *proto,
-                              int *captured)
-{
-    *captured = 0;
-    if (key == KEY_LEGACY)
-        return implicit_unlocked(sctx) ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
-    fc_capstream_t *m = member_unlocked(key);
-    if (!m || !proto)
-        return CUDA_SUCCESS;
-    if (m->cap->invalidated)
-        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    struct CUgraphNode_st *node = fc_graph_add_unlocked(m->cap->graph, proto, m->deps, m->ndeps);
-    if (!node || set_deps(m, &node, 1) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *captured = 1;
-    return CUDA_SUCCESS;
-}
-
-/* Which captures forbid this thread's potentially unsafe calls. */
-static int forbids(const fc_capture_t *cap)
-{
-    int mine = pthread_equal(cap->thread, pthread_self());
-    if (tls_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
-        return 0;
-    if (mine && cap->mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-        return 1;
-    return tls_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && !mine &&
-           cap->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
-}
-
-CUresult fc_cap_unsafe_unlocked(void)
-{
-    int hit = 0;
-    for (size_t i = 0; i < fc.captures.n; i++) {
-        fc_capture_t *cap = fc.captures.v[i].val;
-        if (forbids(cap)) {
-            cap->invalidated = 1;
-            hit = 1;
-        }
-    }
-    return hit ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
-}
-
-CUresult fc_cap_sync_call_unlocked(struct CUctx_st *c)
-{
-    CUresult res = fc_cap_unsafe_unlocked();
-    if (res == CUDA_SUCCESS && implicit_unlocked(c))
-        res = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
-    return res;
-}
-
-CUresult fc_cap_sync_ctx_unlocked(struct CUctx_st *c)
-{
-    CUresult res = fc_cap_unsafe_unlocked();
-    if (res != CUDA_SUCCESS || tls_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
-        return res;
-    int hit = 0;
-    for (size_t i = 0; i < fc.captures.n; i++) {
-        fc_capture_t *cap = fc.captures.v[i].val;
-        if (cap->ctx == c) {
-            cap->invalidated = 1;
-            hit = 1;
-        }
-    }
-    return hit ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
-}
-
-CUresult fc_cap_sync_stream_unlocked(struct CUctx_st *sctx, uint64_t key)
-{
-    if (key == KEY_LEGACY)
-        return implicit_unlocked(sctx) ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
-    fc_capstream_t *m = member_unlocked(key);
-    if (!m)
-        return CUDA_SUCCESS;
-    m->cap->invalidated = 1;
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-}
-
-void fc_cap_event_clear(fc_event_t *e)
-{
-    free(e->cap_deps);
-    e->cap_deps = NULL;
-    e->cap_ndeps = 0;
-    e->cap_id = 0;
-}
-
-CUresult fc_cap_event_record_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key,
-                                      unsigned int flags, int *captured)
-{
-    *captured = 0;
-    if (key == KEY_LEGACY)
-        return implicit_unlocked(sctx) ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
-    fc_capstream_t *m = member_unlocked(key);
-    if (!m) {
-        fc_cap_event_clear(e);
-        return CUDA_SUCCESS;
-    }
-    if (m->cap->invalidated)
-        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    if (flags & CU_EVENT_RECORD_EXTERNAL) { /* documented: a record node */
-        struct CUgraphNode_st proto = {.type = FC_NODE_EVENT_RECORD, .u.event = e->handle};
-        CUresult res = fc_cap_work_unlocked(sctx, key, &proto, captured);
-        if (res != CUDA_SUCCESS)
-            return res;
-    }
-    struct CUgraphNode_st **d = m->ndeps ? malloc(m->ndeps * sizeof *d) : NULL;
-    if (m->ndeps && !d)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    if (m->ndeps)
-        memcpy(d, m->deps, m->ndeps * sizeof *d);
-    fc_cap_event_clear(e);
-    e->cap_id = m->cap->id;
-    e->cap_deps = d;
-    e->cap_ndeps = m->ndeps;
-    *captured = 1;
-    return CUDA_SUCCESS;
-}
-
-/* Union of m's set and n more nodes. */
-static int merge_deps(fc_capstream_t *m, struct CUgraphNode_st *const *deps, size_t n)
-{
-    struct CUgraphNode_st **u = malloc((m->ndeps + n + 1) * sizeof *u);
-    if (!u)
-        return -1;
-    size_t k = m->ndeps;
-    memcpy(u, m->deps, k * sizeof *u);
-    for (size_t i = 0; i < n; i++) {
-        size_t j = 0;
-        while (j < k && u[j] != deps[i])
-            j++;
-        if (j == k)
-            u[k++] = deps[i];
-    }
-    int r = set_deps(m, u, k);
-    free(u);
-    return r;
-}
-
-CUresult fc_cap_event_wait_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key,
-                                    unsigned int flags, int *captured)
-{
-    *captured = 0;
-    fc_capture_t *ecap = active_capture(e->cap_id);
-    fc_capstream_t *m = key == KEY_LEGACY ? NULL : member_unlocked(key);
-    if (key == KEY_LEGACY) {
-        if (implicit_unlocked(sctx))
-            return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
-        if (ecap) { /* the legacy stream cannot take part in a capture */
-            ecap->invalidated = 1;
-            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-        }
-        return CUDA_SUCCESS;
-    }
-    if (!ecap && !m)
-        return CUDA_SUCCESS; /* no capture involved */
-    if (!ecap) { /* a capturing stream waits for uncaptured work */
-        if (m->cap->invalidated)
-            return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        if (flags & CU_EVENT_WAIT_EXTERNAL) {
-            struct CUgraphNode_st proto = {.type = FC_NODE_EVENT_WAIT, .u.event = e->handle};
-            return fc_cap_work_unlocked(sctx, key, &proto, captured);
-        }
-        m->cap->invalidated = 1;
-        return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
-    }
-    if (ecap->invalidated)
-        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    if (m && m->cap != ecap) {
-        m->cap->invalidated = 1;
-        ecap->invalidated = 1;
-        return CUDA_ERROR_STREAM_CAPTURE_MERGE;
-    }
-    *captured = 1;
-    if (m) /* join */
-        return merge_deps(m, e->cap_deps, e->cap_ndeps) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
-    fc_stream_t *s = fc_vec_find(&fc.streams, key);
-    int blocking = s && !(s->flags & CU_STREAM_NON_BLOCKING);
-    return join_unlocked(ecap, key, blocking, e->cap_deps, e->cap_ndeps) ? CUDA_SUCCESS
-                                                                         : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-CUresult fc_cap_event_use_unlocked(fc_event_t *e)
-{
-    fc_capture_t *cap = active_capture(e->cap_id);
-    if (!cap) {
-        if (e->cap_id) /* its capture ended: as if never recorded */
-            fc_cap_event_clear(e);
-        return CUDA_SUCCESS;
-    }
-    cap->invalidated = 1;
-    return CUDA_ERROR_CAPTURED_EVENT;
 }
 
 /* ------------------------------------------------------------------ */
@@ -353,7 +163,7 @@ FC_API CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptur
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     if (key == KEY_LEGACY) /* documented: the legacy stream cannot be captured */
         FC_FAIL(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    if (member_unlocked(key))
+    if (fc_cap_member_unlocked(key))
         FC_FAIL(CUDA_ERROR_ILLEGAL_STATE);
     fc_capture_t *cap = calloc(1, sizeof *cap);
     struct CUgraph_st *g = cap ? fc_graph_new_unlocked() : NULL;
@@ -371,7 +181,7 @@ FC_API CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptur
     cap->graph = g;
     g->capture_id = cap->id;
     fc_stream_t *s = fc_vec_find(&fc.streams, key);
-    if (!join_unlocked(cap, key, s && !(s->flags & CU_STREAM_NON_BLOCKING), NULL, 0)) {
+    if (!fc_cap_join_unlocked(cap, key, s && !(s->flags & CU_STREAM_NON_BLOCKING), NULL, 0)) {
         fc_vec_remove(&fc.captures, cap->id);
         fc_graph_free_unlocked(g);
         free(cap);
@@ -412,7 +222,7 @@ FC_API CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
         goto done;
     if (!phGraph)
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
-    fc_capstream_t *m = key == KEY_LEGACY ? NULL : member_unlocked(key);
+    fc_capstream_t *m = key == KEY_LEGACY ? NULL : fc_cap_member_unlocked(key);
     if (!m)
         FC_FAIL(CUDA_ERROR_ILLEGAL_STATE);
     fc_capture_t *cap = m->cap;
@@ -452,9 +262,9 @@ static CUresult capture_info(CUstream hStream, CUstreamCaptureStatus *status, cu
         return res;
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    if (key == KEY_LEGACY && implicit_unlocked(sctx))
+    if (key == KEY_LEGACY && fc_cap_implicit_unlocked(sctx))
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
-    fc_capstream_t *m = key == KEY_LEGACY ? NULL : member_unlocked(key);
+    fc_capstream_t *m = key == KEY_LEGACY ? NULL : fc_cap_member_unlocked(key);
     *status = !m ? CU_STREAM_CAPTURE_STATUS_NONE
               : m->cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                                     : CU_STREAM_CAPTURE_STATUS_ACTIVE;

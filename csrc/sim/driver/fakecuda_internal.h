@@ -456,6 +456,17 @@ typedef struct {                /* a stream taking part in a capture */
     size_t ndeps;
 } fc_capstream_t;
 
+/* fakecuda_capture.c: the capture state */
+fc_capstream_t *fc_cap_member_unlocked(uint64_t key);          /* NULL: not capturing */
+fc_capture_t *fc_cap_active_unlocked(uint64_t id);              /* NULL: ended (or 0) */
+/* Replace m's dependency set with a copy of deps; -1 out of memory. */
+int fc_cap_set_deps(fc_capstream_t *m, struct CUgraphNode_st *const *deps, size_t n);
+fc_capstream_t *fc_cap_join_unlocked(fc_capture_t *cap, uint64_t key, int blocking,
+                                     struct CUgraphNode_st *const *deps, size_t n);
+/* Does a blocking stream of ctx take part in a capture? Invalidates those. */
+int fc_cap_implicit_unlocked(struct CUctx_st *ctx);
+int fc_cap_thread_mode(void);                                   /* CUstreamCaptureMode */
+
 struct CUgraph_st *fc_graph_new_unlocked(void);
 void fc_graph_free_unlocked(struct CUgraph_st *g);
 /* Appends a copy of proto depending on deps; NULL when out of memory. */
@@ -463,7 +474,7 @@ struct CUgraphNode_st *fc_graph_add_unlocked(struct CUgraph_st *g, const struct 
                                              struct CUgraphNode_st *const *deps, size_t ndeps);
 int fc_graph_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
 
-/* Work for stream (sctx, key): CUDA_SUCCESS and *captured = 1 if it was
+/* fakecuda_capture_rules.c. Work for stream (sctx, key): CUDA_SUCCESS and *captured = 1 if it was
  * recorded as a copy of proto (the caller must not run it), *captured = 0
  * if it is to run now; an error if the capture rules forbid it. proto NULL:
  * only the checks (synchronous calls on the legacy stream). */
