@@ -413,6 +413,40 @@ def test_prohibited_call_inside_torch_cuda_graph_raises():
 
 @pytest.mark.slow
 @needs_torch
+def test_torch_graph_forks_to_a_side_stream_and_must_join_it():
+    out = run_sim(textwrap.dedent(r'''
+        import os, torch
+        a, b = torch.zeros(8, device="cuda"), torch.zeros(8, device="cuda")
+        oa, ob = torch.empty(8, device="cuda"), torch.empty(8, device="cuda")
+        side = torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            cur = torch.cuda.current_stream()
+            side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                ob.copy_(b)
+            oa.copy_(a)
+            cur.wait_stream(side)
+        a.copy_(torch.full((8,), 3.0)); b.copy_(torch.full((8,), 4.0))
+        g.replay(); torch.cuda.synchronize()
+        o = {"replay": [oa[0].item(), ob[0].item()]}
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    ob.copy_(b)
+            o["unjoined"] = "no error"
+        except Exception as e:
+            o["unjoined"] = str(e).splitlines()[0]
+        emit(o)
+        os._exit(0)
+    '''))
+    assert out["replay"] == [3.0, 4.0]     # both branches of the graph ran
+    assert "capturing stream has unjoined work" in out["unjoined"]
+
+
+@pytest.mark.slow
+@needs_torch
 def test_make_graphed_callables_trains_an_mlp():
     out = run_sim(textwrap.dedent(r'''
         import os, torch
