@@ -53,6 +53,8 @@
  *   and its ancestor); a context reset leaves captures and graphs alone.
  */
 
+/* This thread's CUstreamCaptureMode (cuThreadExchangeStreamCaptureMode);
+ * thread-local, so no lock. */
 static __thread int tls_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 #define KEY_LEGACY 1ull /* fakecuda_sync.c's key of the legacy stream */
