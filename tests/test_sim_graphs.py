@@ -80,6 +80,8 @@ def test_capture_records_work_and_replay_runs_it():
         rt.cudaMemsetAsync(a, 7, sz(256), s)
         rt.cudaMemcpyAsync(b, a, sz(256), D2D, s)
         _, _, cid2, _, deps = info(s)
+        hsrc, hdst = (C.c_ubyte * 4)(1, 2, 3, 4), (C.c_ubyte * 4)()
+        rt.cudaMemcpyAsync(hdst, hsrc, sz(4), 0, s)   # host to host, also a node
         o["same_id"] = cid2 == cid
         old = mode(RELAXED)[1]   # a synchronous copy is allowed in relaxed mode only
         o["not_run"] = [host(4, a), host(4, b)]
@@ -96,7 +98,9 @@ def test_capture_records_work_and_replay_runs_it():
         o["ids"] = [cid3 != cid, cid3 != 0, e, len(nodes(g3))]
         err, x = instantiate(g, 1 | 8)     # AutoFreeOnLaunch | UseNodePriority, as torch does
         o["inst"] = err
+        o["h2h"] = list(hdst)
         o["launch"] = [rt.cudaGraphLaunch(x, s), rt.cudaStreamSynchronize(s), host(4, a), host(4, b)]
+        o["h2h_launched"] = list(hdst)
         rt.cudaMemset(b, 1, sz(256))
         rt.cudaGraphLaunch(x, s); rt.cudaStreamSynchronize(s)
         o["relaunch"] = host(4, b)
@@ -114,7 +118,8 @@ def test_capture_records_work_and_replay_runs_it():
     assert out["same_id"] is True
     assert out["not_run"] == ["00000000", "00000000"]
     assert out["end"] == [0, True, [0, 0]] and out["end_again"] == 401
-    assert out["graph"] == [2, True, True]
+    assert out["graph"] == [3, True, True]
+    assert out["h2h"] == [0, 0, 0, 0] and out["h2h_launched"] == [1, 2, 3, 4]
     assert out["ids"] == [True, True, 0, 0]
     assert out["inst"] == 0
     assert out["launch"] == [0, 0, "07070707", "07070707"]

@@ -366,14 +366,10 @@ static cudaError_t copy(void *dst, const void *src, size_t n, enum cudaMemcpyKin
         return cudaSuccess;
     switch (kind) {
     case cudaMemcpyHostToHost:
-        if (stream) {
-            unsigned int f;
-            CUresult r = cuStreamGetFlags(st, &f);
-            if (r != CUDA_SUCCESS)
-                return (cudaError_t)r;
-        }
         if (!dst || !src)
             return cudaErrorInvalidValue;
+        if (stream) /* on the stream's timeline, or a node while it captures */
+            return (cudaError_t)cuMemcpyAsync(d, s, n, st);
         memmove(dst, src, n);
         return cudaSuccess;
     case cudaMemcpyHostToDevice:
