@@ -3,12 +3,12 @@
  * (libcudart.so.N over the fake driver libcuda.so.1).
  *
  * The runtime keeps almost nothing itself: devices, contexts, memory,
- * streams and events live in the fake driver, so driver-level and
- * runtime-level handles are the same objects and the accounting is in one
- * place (the driver's report). What the runtime keeps is per thread: the
- * current device, the last error, the stream-capture mode and the launch
- * configuration stack (autograd runs on its own threads, so none of this
- * may be process-wide).
+ * streams, events, stream captures and graphs live in the fake driver, so
+ * driver-level and runtime-level handles are the same objects and the
+ * accounting is in one place (the driver's report; the per-thread capture
+ * mode is the driver's too). What the runtime keeps is per thread: the
+ * current device, the last error and the launch configuration stack
+ * (autograd runs on its own threads, so none of this may be process-wide).
  *
  * Rules every entry point follows:
  *   - the first thing it does is SIM_ENTRY("name") (call counting);
