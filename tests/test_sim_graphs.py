@@ -347,6 +347,60 @@ def test_host_nodes_flags_update_dot_timeline_and_leaks(tmp_path):
     assert out["after"] == [0, 0]
 
 
+def test_driver_level_graph_rules():
+    """Driver entry points the runtime does not reach in the tests above."""
+    out = sim(r'''
+        cu = C.CDLL("libcuda.so.1")
+        rt.cudaFree(None)                                  # context current
+        s, t = stream(), stream()
+        g = vp()
+        o["create"] = [cu.cuGraphCreate(C.byref(g), 1), cu.cuGraphCreate(C.byref(g), 0),
+                       cu.cuGraphDestroy(g)]
+        # the capture's graph cannot be destroyed while captured into
+        cu.cuStreamBeginCapture_v2(s, GLOBAL)
+        st, cid, cg, deps, n = C.c_int(), u64(), vp(), C.POINTER(vp)(), sz()
+        o["info_v2"] = [cu.cuStreamGetCaptureInfo_v2(s, C.byref(st), C.byref(cid), C.byref(cg),
+                                                     C.byref(deps), C.byref(n)), st.value, cid.value > 0]
+        o["destroy_capturing"] = cu.cuGraphDestroy(cg)
+        # an external record becomes a node; a graph cannot launch into a capture
+        e = event()
+        o["external"] = [cu.cuEventRecordWithFlags(e, s, 1), len(nodes(cg.value))]
+        rt.cudaStreamBeginCapture(t, RELAXED)
+        _, g1 = end(t)
+        _, x1 = instantiate(g1)
+        o["launch_into_capture"] = cu.cuGraphLaunch(x1, s)
+        err, g2 = end(s)
+        o["end"] = err
+        # WithParams: Upload with a stream; the result field is filled in
+        class P(C.Structure):
+            _fields_ = [("flags", u64), ("up", vp), ("err", vp), ("res", C.c_int)]
+        x2 = vp(); p = P(2, s, None, 7)
+        o["params"] = [cu.cuGraphInstantiateWithParams(C.byref(x2), vp(g2), C.byref(p)), p.res,
+                       cu.cuGraphUpload(x2, s)]
+        # a captured copy whose memory is freed before the launch faults
+        d = malloc(64)
+        rt.cudaStreamBeginCapture(t, GLOBAL); rt.cudaMemsetAsync(d, 1, sz(64), t)
+        _, g3 = end(t); _, x3 = instantiate(g3)
+        rt.cudaFree(d)
+        o["freed"] = cu.cuGraphLaunch(x3, t)
+        for x in (x1, x2, x3): cu.cuGraphExecDestroy(x)
+        for h in (g1, g2, g3): cu.cuGraphDestroy(vp(h))
+        rt.cudaStreamDestroy(s); rt.cudaStreamDestroy(t); rt.cudaEventDestroy(e)
+        o["leaks"] = report()["driver"]["leaks"]["total"]
+        last()
+        emit(o)
+    ''')
+    assert out["create"] == [1, 0, 0]
+    assert out["info_v2"] == [0, 1, True]
+    assert out["destroy_capturing"] == 401       # CUDA_ERROR_ILLEGAL_STATE
+    assert out["external"] == [0, 1]
+    assert out["launch_into_capture"] == 900
+    assert out["end"] == 0
+    assert out["params"] == [0, 0, 0]
+    assert out["freed"] == 700                   # CUDA_ERROR_ILLEGAL_ADDRESS
+    assert out["leaks"] == 0
+
+
 # --------------------------------------------------------------------------
 # torch, with its own caching allocator
 
