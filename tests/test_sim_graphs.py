@@ -258,6 +258,11 @@ def test_fork_join_through_events_and_the_join_rules():
         rt.cudaStreamBeginCapture(s1, GLOBAL); rt.cudaStreamBeginCapture(s2, GLOBAL)
         rt.cudaEventRecord(e1, s1)
         o["merge"] = [rt.cudaStreamWaitEvent(s2, e1, 0), end(s1)[0], end(s2)[0]]
+        # an idle stream cannot join an invalidated capture
+        rt.cudaStreamBeginCapture(s1, GLOBAL)
+        rt.cudaEventRecord(e1, s1)
+        rt.cudaStreamSynchronize(s1)                 # invalidates it
+        o["join_invalidated"] = [rt.cudaStreamWaitEvent(s2, e1, 0), status(s2), end(s1)[0]]
         # a global capture must end in the thread that began it
         rt.cudaStreamBeginCapture(s1, GLOBAL)
         box = {}
@@ -274,6 +279,7 @@ def test_fork_join_through_events_and_the_join_rules():
     assert out["replay"] == ["03", "04"]
     assert out["isolation"] == [905, 901]
     assert out["merge"] == [902, 901, 901]
+    assert out["join_invalidated"] == [1, [0, 0], 901]   # cudaErrorInvalidValue
     assert out["wrong_thread"] == [908, 0]
 
 

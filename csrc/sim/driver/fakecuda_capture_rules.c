@@ -173,9 +173,9 @@ CUresult fc_cap_event_wait_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64
     }
     if (!ecap && !m)
         return CUDA_SUCCESS; /* no capture involved */
+    if (m && m->cap->invalidated) /* an invalidated waiter */
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     if (!ecap) { /* a capturing stream waits for uncaptured work */
-        if (m->cap->invalidated)
-            return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
         if (flags & CU_EVENT_WAIT_EXTERNAL) {
             struct CUgraphNode_st proto = {.type = FC_NODE_EVENT_WAIT, .u.event = e->handle};
             return fc_cap_work_unlocked(sctx, key, &proto, captured);
@@ -183,13 +183,13 @@ CUresult fc_cap_event_wait_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64
         m->cap->invalidated = 1;
         return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
     }
-    if (ecap->invalidated)
-        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    if (m && m->cap != ecap) {
+    if (m && m->cap != ecap) { /* two captures would merge: both invalidated */
         m->cap->invalidated = 1;
         ecap->invalidated = 1;
         return CUDA_ERROR_STREAM_CAPTURE_MERGE;
     }
+    if (ecap->invalidated) /* a stream not capturing cannot join it */
+        return m ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_ERROR_INVALID_VALUE;
     *captured = 1;
     if (m) /* join */
         return merge_deps(m, e->cap_deps, e->cap_ndeps) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
