@@ -109,7 +109,7 @@ def test_devices_errors_memory_and_copies(tmp_path):
 
         # an unimplemented call: "not supported", recorded, logged once
         g = vp()
-        o["unsupported"] = [rt.cudaGraphCreate(C.byref(g), 0), last(), rt.cudaGraphCreate(C.byref(g), 0), last()]
+        o["unsupported"] = [rt.cudaGraphAddEmptyNode(C.byref(g), None, None, 0), last(), rt.cudaGraphAddEmptyNode(C.byref(g), None, None, 0), last()]
         r = report()
         o["stubs_hit"] = r["stubs_hit"]
         o["device0"] = r["driver"]["devices"][0]["bytes_used"]
@@ -136,13 +136,13 @@ def test_devices_errors_memory_and_copies(tmp_path):
     assert out["names"] == ["cudaErrorMemoryAllocation", "out of memory", "cudaErrorNotReady",
                             "unrecognized error code"]
     assert out["unsupported"] == [801, 801, 801, 801]
-    assert out["stubs_hit"] == ["cudaGraphCreate"]
+    assert out["stubs_hit"] == ["cudaGraphAddEmptyNode"]
     # the primary context holds the default model's context memory (H100: 514 MiB)
     assert out["context0"] == 514 << 20
     assert out["device0"] == 2 * 4096 + out["context0"]
     lines = log.read_text().splitlines()
-    assert [line for line in lines if "cudaGraphCreate" in line] == [
-        "gpumem-sim: libcudart.so.13: cudaGraphCreate is not implemented by the simulator; "
+    assert [line for line in lines if "cudaGraphAddEmptyNode" in line] == [
+        "gpumem-sim: libcudart.so.13: cudaGraphAddEmptyNode is not implemented by the simulator; "
         "it returned \"not supported\""]
 
 

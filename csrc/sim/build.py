@@ -58,7 +58,8 @@ DRIVER_SOURCES = ("fakecuda.c", "fakecuda_report.c", "fakecuda_mem.c", "fakecuda
                   "fakecuda_copy.c", "fakecuda_stubs.c", "fakecuda_gpu.c", "fakecuda_timeline.c",
                   "fakecuda_va.c", "fakecuda_event.c", "fakecuda_image.c", "fakecuda_ptx.c",
                   "fakecuda_module.c", "fakecuda_func.c", "fakecuda_limit.c", "fakecuda_launch.c",
-                  "fakecuda_tensormap.c")
+                  "fakecuda_tensormap.c", "fakecuda_capture.c",
+                  "fakecuda_capture_rules.c", "fakecuda_graph.c")
 DRIVER_HEADERS = ("fakecuda_internal.h", "fakecuda_image.h", "cuda_min.h")
 DRIVER_MAP = "libcuda.map"
 DRIVER_SONAME = "libcuda.so.1"
@@ -75,7 +76,7 @@ LIBS = {
                          syms="nvml/libnvidia-ml.so.1.syms", version=False, driver=True),
     "libcudart": dict(soname="libcudart.so.{major}", src="cudart",
                       sources=("rt_device.c", "rt_memory.c", "rt_stream.c", "rt_launch.c",
-                               "rt_symbol.c", "rt_report.c"),
+                               "rt_symbol.c", "rt_report.c", "rt_graph.c"),
                       exports=("gpumem_sim_cudart_report_json",), unsupported=801, version=True,
                       driver=True),
     "libcublasLt": dict(soname="libcublasLt.so.{major}", src="cublas",

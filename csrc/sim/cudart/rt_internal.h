@@ -3,12 +3,12 @@
  * (libcudart.so.N over the fake driver libcuda.so.1).
  *
  * The runtime keeps almost nothing itself: devices, contexts, memory,
- * streams and events live in the fake driver, so driver-level and
- * runtime-level handles are the same objects and the accounting is in one
- * place (the driver's report). What the runtime keeps is per thread: the
- * current device, the last error, the stream-capture mode and the launch
- * configuration stack (autograd runs on its own threads, so none of this
- * may be process-wide).
+ * streams, events, stream captures and graphs live in the fake driver, so
+ * driver-level and runtime-level handles are the same objects and the
+ * accounting is in one place (the driver's report; the per-thread capture
+ * mode is the driver's too). What the runtime keeps is per thread: the
+ * current device, the last error and the launch configuration stack
+ * (autograd runs on its own threads, so none of this may be process-wide).
  *
  * Rules every entry point follows:
  *   - the first thing it does is SIM_ENTRY("name") (call counting);
@@ -55,6 +55,30 @@ CUcontext rt_primary_ctx(int dev);
 /* Per-thread default stream handling for the _ptsz/_ptds entry points:
  * stream 0 there means the per-thread stream. */
 static inline cudaStream_t rt_ptsz(cudaStream_t s) { return s ? s : cudaStreamPerThread; }
+
+/* rt_ctx, then the driver call; both errors recorded. */
+#define RT_WITH_CTX(call)                                                   \
+    do {                                                                    \
+        cudaError_t e_ = rt_ctx();                                          \
+        if (e_ != cudaSuccess)                                              \
+            return rt_err(e_);                                              \
+        return rt_cu(call);                                                 \
+    } while (0)
+
+/* An entry point and its _ptsz twin (stream 0 there means the per-thread
+ * stream), both calling name##_impl with a variable named `stream`. */
+#define RT_PTSZ_PAIR(name, call_args, decl_args)                            \
+    RT_API cudaError_t CUDARTAPI name decl_args                             \
+    {                                                                       \
+        SIM_ENTRY(#name);                                                   \
+        return name##_impl call_args;                                       \
+    }                                                                       \
+    RT_API cudaError_t CUDARTAPI name##_ptsz decl_args                      \
+    {                                                                       \
+        SIM_ENTRY(#name "_ptsz");                                           \
+        stream = rt_ptsz(stream);                                           \
+        return name##_impl call_args;                                       \
+    }
 
 /* The fake driver's kernel launch (csrc/sim/driver/fakecuda_timeline.c):
  * checks hStream and puts the kernel's work on its timeline; cycles >= 0

@@ -236,7 +236,12 @@ RT_API cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size)
     return cudaSuccess;
 }
 
-/* Like the real runtime, cudaFree waits for the device first. */
+/* Like the real runtime, cudaFree waits for the device. cuMemFree_v2
+ * applies the capture rules of a potentially unsafe call (the caller's
+ * capture mode); the wait itself is for uncaptured work only, so it runs in
+ * relaxed mode, where cuCtxSynchronize does not touch a capture (Note
+ * [Stream capture] in fakecuda_capture.c). Waiting after the free instead
+ * of before changes nothing observable: nothing runs in between. */
 RT_API cudaError_t CUDARTAPI cudaFree(void *devPtr)
 {
     SIM_ENTRY("cudaFree");
@@ -245,8 +250,13 @@ RT_API cudaError_t CUDARTAPI cudaFree(void *devPtr)
         return rt_err(e);
     if (!devPtr)
         return cudaSuccess;
+    if ((e = rt_cu(cuMemFree_v2((CUdeviceptr)(uintptr_t)devPtr))) != cudaSuccess)
+        return e;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    cuThreadExchangeStreamCaptureMode(&mode);
     cuCtxSynchronize();
-    return rt_cu(cuMemFree_v2((CUdeviceptr)(uintptr_t)devPtr));
+    cuThreadExchangeStreamCaptureMode(&mode);
+    return cudaSuccess;
 }
 
 static cudaError_t check_stream(cudaStream_t s)
@@ -256,14 +266,26 @@ static cudaError_t check_stream(cudaStream_t s)
 }
 
 /* Stream-ordered allocation, without pools: the memory exists at once and
- * is freed at once (every schedule the real one allows includes this). */
+ * is freed at once (every schedule the real one allows includes this). On
+ * a capturing stream a GPU would add a memory node to the graph; the fake
+ * has no memory nodes and refuses (torch's native allocator never calls
+ * these; its cudaMallocAsync backend is not simulated under capture). */
+static cudaError_t refuse_capture(cudaStream_t s)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = cuStreamIsCapturing(s, &st);
+    if (r != CUDA_SUCCESS)
+        return rt_cu(r);
+    return st != CU_STREAM_CAPTURE_STATUS_NONE ? rt_err(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+
 RT_API cudaError_t CUDARTAPI cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
 {
     SIM_ENTRY("cudaMallocAsync");
     cudaError_t e = rt_ctx();
     if (e != cudaSuccess)
         return rt_err(e);
-    if ((e = check_stream(hStream)) != cudaSuccess)
+    if ((e = check_stream(hStream)) != cudaSuccess || (e = refuse_capture(hStream)) != cudaSuccess)
         return e;
     if (!devPtr)
         return rt_err(cudaErrorInvalidValue);
@@ -281,7 +303,7 @@ RT_API cudaError_t CUDARTAPI cudaFreeAsync(void *devPtr, cudaStream_t hStream)
     cudaError_t e = rt_ctx();
     if (e != cudaSuccess)
         return rt_err(e);
-    if ((e = check_stream(hStream)) != cudaSuccess)
+    if ((e = check_stream(hStream)) != cudaSuccess || (e = refuse_capture(hStream)) != cudaSuccess)
         return e;
     if (!devPtr)
         return cudaSuccess;
@@ -344,14 +366,10 @@ static cudaError_t copy(void *dst, const void *src, size_t n, enum cudaMemcpyKin
         return cudaSuccess;
     switch (kind) {
     case cudaMemcpyHostToHost:
-        if (stream) {
-            unsigned int f;
-            CUresult r = cuStreamGetFlags(st, &f);
-            if (r != CUDA_SUCCESS)
-                return (cudaError_t)r;
-        }
         if (!dst || !src)
             return cudaErrorInvalidValue;
+        if (stream) /* on the stream's timeline, or a node while it captures */
+            return (cudaError_t)cuMemcpyAsync(d, s, n, st);
         memmove(dst, src, n);
         return cudaSuccess;
     case cudaMemcpyHostToDevice:

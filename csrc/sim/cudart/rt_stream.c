@@ -9,23 +9,11 @@
  * cudaEventQuery answers cudaErrorNotReady for an incomplete event and, as
  * the real runtime does, records it as the thread's last error.
  *
- * Stream capture (CUDA graphs) is not simulated: no stream is ever
- * capturing, and cudaStreamBeginCapture is one of the unimplemented calls.
- * Host functions (cudaLaunchHostFunc, cudaStreamAddCallback) run at once, on
- * the calling thread: nothing queued before them can still be running.
+ * Stream capture, graphs and cudaLaunchHostFunc are rt_graph.c's. Stream
+ * callbacks (cudaStreamAddCallback) run at once, on the calling thread:
+ * nothing queued before them can still be running.
  */
 #include "rt_internal.h"
-
-static __thread enum cudaStreamCaptureMode tls_capture_mode = cudaStreamCaptureModeGlobal;
-
-/* rt_ctx, then the driver call; both errors recorded. */
-#define WITH_CTX(call)                                                      \
-    do {                                                                    \
-        cudaError_t e_ = rt_ctx();                                          \
-        if (e_ != cudaSuccess)                                              \
-            return rt_err(e_);                                              \
-        return rt_cu(call);                                                 \
-    } while (0)
 
 /* ------------------------------------------------------------------ */
 /* streams                                                              */
@@ -33,162 +21,70 @@ static __thread enum cudaStreamCaptureMode tls_capture_mode = cudaStreamCaptureM
 RT_API cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t *pStream)
 {
     SIM_ENTRY("cudaStreamCreate");
-    WITH_CTX(cuStreamCreate(pStream, 0));
+    RT_WITH_CTX(cuStreamCreate(pStream, 0));
 }
 
 RT_API cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
 {
     SIM_ENTRY("cudaStreamCreateWithFlags");
-    WITH_CTX(cuStreamCreate(pStream, flags));
+    RT_WITH_CTX(cuStreamCreate(pStream, flags));
 }
 
 RT_API cudaError_t CUDARTAPI cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags,
                                                           int priority)
 {
     SIM_ENTRY("cudaStreamCreateWithPriority");
-    WITH_CTX(cuStreamCreateWithPriority(pStream, flags, priority));
+    RT_WITH_CTX(cuStreamCreateWithPriority(pStream, flags, priority));
 }
 
 RT_API cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream)
 {
     SIM_ENTRY("cudaStreamDestroy");
-    WITH_CTX(cuStreamDestroy_v2(stream));
+    RT_WITH_CTX(cuStreamDestroy_v2(stream));
 }
 
-#define STREAM_PAIR(name, call_args, decl_args)                             \
-    RT_API cudaError_t CUDARTAPI name decl_args                             \
-    {                                                                       \
-        SIM_ENTRY(#name);                                                   \
-        return name##_impl call_args;                                       \
-    }                                                                       \
-    RT_API cudaError_t CUDARTAPI name##_ptsz decl_args                      \
-    {                                                                       \
-        SIM_ENTRY(#name "_ptsz");                                           \
-        stream = rt_ptsz(stream);                                           \
-        return name##_impl call_args;                                       \
-    }
-
-static cudaError_t cudaStreamQuery_impl(cudaStream_t stream) { WITH_CTX(cuStreamQuery(stream)); }
-STREAM_PAIR(cudaStreamQuery, (stream), (cudaStream_t stream))
+static cudaError_t cudaStreamQuery_impl(cudaStream_t stream) { RT_WITH_CTX(cuStreamQuery(stream)); }
+RT_PTSZ_PAIR(cudaStreamQuery, (stream), (cudaStream_t stream))
 
 static cudaError_t cudaStreamSynchronize_impl(cudaStream_t stream)
 {
-    WITH_CTX(cuStreamSynchronize(stream));
+    RT_WITH_CTX(cuStreamSynchronize(stream));
 }
-STREAM_PAIR(cudaStreamSynchronize, (stream), (cudaStream_t stream))
+RT_PTSZ_PAIR(cudaStreamSynchronize, (stream), (cudaStream_t stream))
 
 static cudaError_t cudaStreamWaitEvent_impl(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
 {
-    WITH_CTX(cuStreamWaitEvent(stream, event, flags));
+    RT_WITH_CTX(cuStreamWaitEvent(stream, event, flags));
 }
-STREAM_PAIR(cudaStreamWaitEvent, (stream, event, flags),
+RT_PTSZ_PAIR(cudaStreamWaitEvent, (stream, event, flags),
             (cudaStream_t stream, cudaEvent_t event, unsigned int flags))
 
 static cudaError_t cudaStreamGetPriority_impl(cudaStream_t stream, int *priority)
 {
-    WITH_CTX(cuStreamGetPriority(stream, priority));
+    RT_WITH_CTX(cuStreamGetPriority(stream, priority));
 }
-STREAM_PAIR(cudaStreamGetPriority, (stream, priority), (cudaStream_t stream, int *priority))
+RT_PTSZ_PAIR(cudaStreamGetPriority, (stream, priority), (cudaStream_t stream, int *priority))
 
 static cudaError_t cudaStreamGetFlags_impl(cudaStream_t stream, unsigned int *flags)
 {
-    WITH_CTX(cuStreamGetFlags(stream, flags));
+    RT_WITH_CTX(cuStreamGetFlags(stream, flags));
 }
-STREAM_PAIR(cudaStreamGetFlags, (stream, flags), (cudaStream_t stream, unsigned int *flags))
+RT_PTSZ_PAIR(cudaStreamGetFlags, (stream, flags), (cudaStream_t stream, unsigned int *flags))
 
 static cudaError_t cudaStreamGetId_impl(cudaStream_t stream, unsigned long long *streamId)
 {
-    WITH_CTX(cuStreamGetId(stream, streamId));
+    RT_WITH_CTX(cuStreamGetId(stream, streamId));
 }
-STREAM_PAIR(cudaStreamGetId, (stream, streamId), (cudaStream_t stream, unsigned long long *streamId))
+RT_PTSZ_PAIR(cudaStreamGetId, (stream, streamId), (cudaStream_t stream, unsigned long long *streamId))
 
 static cudaError_t cudaStreamGetDevice_impl(cudaStream_t stream, int *device)
 {
-    WITH_CTX(cuStreamGetDevice(stream, device));
+    RT_WITH_CTX(cuStreamGetDevice(stream, device));
 }
-STREAM_PAIR(cudaStreamGetDevice, (stream, device), (cudaStream_t stream, int *device))
+RT_PTSZ_PAIR(cudaStreamGetDevice, (stream, device), (cudaStream_t stream, int *device))
 
 /* ------------------------------------------------------------------ */
-/* capture: never capturing                                             */
-
-static cudaError_t cudaStreamIsCapturing_impl(cudaStream_t stream,
-                                              enum cudaStreamCaptureStatus *pCaptureStatus)
-{
-    unsigned int flags;
-    cudaError_t e = rt_ctx();
-    if (e != cudaSuccess)
-        return rt_err(e);
-    if (!pCaptureStatus)
-        return rt_err(cudaErrorInvalidValue);
-    if ((e = rt_cu(cuStreamGetFlags(stream, &flags))) != cudaSuccess)
-        return e;
-    *pCaptureStatus = cudaStreamCaptureStatusNone;
-    return cudaSuccess;
-}
-STREAM_PAIR(cudaStreamIsCapturing, (stream, pCaptureStatus),
-            (cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus))
-
-static cudaError_t cudaStreamGetCaptureInfo_impl(cudaStream_t stream,
-                                                 enum cudaStreamCaptureStatus *captureStatus_out,
-                                                 unsigned long long *id_out, cudaGraph_t *graph_out,
-                                                 const cudaGraphNode_t **dependencies_out,
-                                                 const cudaGraphEdgeData **edgeData_out,
-                                                 size_t *numDependencies_out)
-{
-    cudaError_t e = cudaStreamIsCapturing_impl(stream, captureStatus_out);
-    if (e != cudaSuccess)
-        return e;
-    /* documented: the optional outputs are only meaningful while
-     * capturing; clear them so callers see no stale values */
-    if (id_out)
-        *id_out = 0;
-    if (graph_out)
-        *graph_out = NULL;
-    if (dependencies_out)
-        *dependencies_out = NULL;
-    if (edgeData_out)
-        *edgeData_out = NULL;
-    if (numDependencies_out)
-        *numDependencies_out = 0;
-    return cudaSuccess;
-}
-STREAM_PAIR(cudaStreamGetCaptureInfo,
-            (stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
-             numDependencies_out),
-            (cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
-             unsigned long long *id_out, cudaGraph_t *graph_out,
-             const cudaGraphNode_t **dependencies_out, const cudaGraphEdgeData **edgeData_out,
-             size_t *numDependencies_out))
-
-RT_API cudaError_t CUDARTAPI cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
-{
-    SIM_ENTRY("cudaThreadExchangeStreamCaptureMode");
-    if (!mode || (unsigned)*mode > cudaStreamCaptureModeRelaxed)
-        return rt_err(cudaErrorInvalidValue);
-    enum cudaStreamCaptureMode old = tls_capture_mode;
-    tls_capture_mode = *mode;
-    *mode = old;
-    return cudaSuccess;
-}
-
-/* ------------------------------------------------------------------ */
-/* host functions                                                       */
-
-static cudaError_t cudaLaunchHostFunc_impl(cudaStream_t stream, cudaHostFn_t fn, void *userData)
-{
-    unsigned int flags;
-    cudaError_t e = rt_ctx();
-    if (e != cudaSuccess)
-        return rt_err(e);
-    if (!fn)
-        return rt_err(cudaErrorInvalidValue);
-    if ((e = rt_cu(cuStreamGetFlags(stream, &flags))) != cudaSuccess)
-        return e;
-    fn(userData);
-    return cudaSuccess;
-}
-STREAM_PAIR(cudaLaunchHostFunc, (stream, fn, userData),
-            (cudaStream_t stream, cudaHostFn_t fn, void *userData))
+/* stream callbacks (host functions and capture: rt_graph.c)            */
 
 static cudaError_t cudaStreamAddCallback_impl(cudaStream_t stream, cudaStreamCallback_t callback,
                                               void *userData, unsigned int flags)
@@ -204,7 +100,7 @@ static cudaError_t cudaStreamAddCallback_impl(cudaStream_t stream, cudaStreamCal
     callback(stream, cudaSuccess, userData);
     return cudaSuccess;
 }
-STREAM_PAIR(cudaStreamAddCallback, (stream, callback, userData, flags),
+RT_PTSZ_PAIR(cudaStreamAddCallback, (stream, callback, userData, flags),
             (cudaStream_t stream, cudaStreamCallback_t callback, void *userData, unsigned int flags))
 
 /* ------------------------------------------------------------------ */
@@ -213,19 +109,19 @@ STREAM_PAIR(cudaStreamAddCallback, (stream, callback, userData, flags),
 RT_API cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t *event)
 {
     SIM_ENTRY("cudaEventCreate");
-    WITH_CTX(cuEventCreate(event, 0));
+    RT_WITH_CTX(cuEventCreate(event, 0));
 }
 
 /* cudaEvent* flags have the CU_EVENT_* values. */
 RT_API cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
 {
     SIM_ENTRY("cudaEventCreateWithFlags");
-    WITH_CTX(cuEventCreate(event, flags));
+    RT_WITH_CTX(cuEventCreate(event, flags));
 }
 
 static cudaError_t cudaEventRecord_impl(cudaEvent_t event, cudaStream_t stream)
 {
-    WITH_CTX(cuEventRecord(event, stream));
+    RT_WITH_CTX(cuEventRecord(event, stream));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
@@ -243,7 +139,7 @@ RT_API cudaError_t CUDARTAPI cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_
 static cudaError_t cudaEventRecordWithFlags_impl(cudaEvent_t event, cudaStream_t stream,
                                                  unsigned int flags)
 {
-    WITH_CTX(cuEventRecordWithFlags(event, stream, flags));
+    RT_WITH_CTX(cuEventRecordWithFlags(event, stream, flags));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream,
@@ -263,23 +159,23 @@ RT_API cudaError_t CUDARTAPI cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cu
 RT_API cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event)
 {
     SIM_ENTRY("cudaEventQuery");
-    WITH_CTX(cuEventQuery(event));
+    RT_WITH_CTX(cuEventQuery(event));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event)
 {
     SIM_ENTRY("cudaEventSynchronize");
-    WITH_CTX(cuEventSynchronize(event));
+    RT_WITH_CTX(cuEventSynchronize(event));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
     SIM_ENTRY("cudaEventElapsedTime");
-    WITH_CTX(cuEventElapsedTime_v2(ms, start, end));
+    RT_WITH_CTX(cuEventElapsedTime_v2(ms, start, end));
 }
 
 RT_API cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event)
 {
     SIM_ENTRY("cudaEventDestroy");
-    WITH_CTX(cuEventDestroy_v2(event));
+    RT_WITH_CTX(cuEventDestroy_v2(event));
 }

@@ -6,7 +6,8 @@
  * and cuMemGetAddressRange.
  *
  * The data moves before the call returns, which is one valid schedule of
- * the real thing; in the timeline mode the copy also takes simulated time
+ * the real thing (on a capturing stream it moves when the graph is
+ * launched: Note [Stream capture] in fakecuda_capture.c); in the timeline mode the copy also takes simulated time
  * on its stream, and a synchronous copy involving host memory makes the
  * host wait for it (Note [Device timeline]). The stream argument is
  * checked (INVALID_HANDLE for a dead stream).
@@ -22,17 +23,6 @@
 
 #include <string.h>
 
-/* The current context and, if hStream is given, a check that it is live. */
-static CUresult prologue_unlocked(int check_stream, CUstream hStream)
-{
-    struct CUctx_st *c, *sctx;
-    uint64_t key;
-    CUresult res = fc_current_ctx_unlocked(&c);
-    if (res != CUDA_SUCCESS || !check_stream)
-        return res;
-    return fc_resolve_stream_unlocked(hStream, c, &key, &sctx);
-}
-
 /* 1 if [p, p+n) may be used: host memory, or accessible device memory. */
 static int side_ok_unlocked(uint64_t p, size_t n, int write)
 {
@@ -46,7 +36,7 @@ static int side_ok_unlocked(uint64_t p, size_t n, int write)
 
 /* dst_dev/src_dev: 1 = must be device memory, 0 = host memory (unchecked),
  * -1 = either (unified addressing). */
-static CUresult copy_unlocked(uint64_t dst, int dst_dev, uint64_t src, int src_dev, size_t n)
+static CUresult check_copy_unlocked(uint64_t dst, int dst_dev, uint64_t src, int src_dev, size_t n)
 {
     if (n == 0)
         return CUDA_SUCCESS;
@@ -58,18 +48,87 @@ static CUresult copy_unlocked(uint64_t dst, int dst_dev, uint64_t src, int src_d
     if (src_dev == 1 ? !fc_accessible_unlocked(src, n, 0)
                      : src_dev == -1 && !side_ok_unlocked(src, n, 0))
         return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+static CUresult check_set_unlocked(uint64_t dst, size_t elem, size_t n)
+{
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (n > SIZE_MAX / elem || (elem == 4 && dst % 4 != 0))
+        return CUDA_ERROR_INVALID_VALUE;
+    return fc_accessible_unlocked(dst, n * elem, 1) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+void fc_fill_unlocked(uint64_t dst, unsigned int value, size_t elem, size_t n)
+{
+    if (elem == 1) {
+        memset((void *)(uintptr_t)dst, (int)(value & 0xff), n);
+    } else {
+        uint32_t *p = (uint32_t *)(uintptr_t)dst;
+        for (size_t i = 0; i < n; i++)
+            p[i] = value;
+    }
+}
+
+/* The stream of an operation, resolved in the current context; sync: a
+ * synchronous call, which is potentially unsafe during a capture and uses
+ * the legacy stream (Note [Stream capture] in fakecuda_capture.c). */
+static CUresult stream_of_unlocked(int sync, CUstream h, struct CUctx_st **sctx, uint64_t *key)
+{
+    struct CUctx_st *c;
+    CUresult res = fc_current_ctx_unlocked(&c);
+    if (res == CUDA_SUCCESS && sync)
+        res = fc_cap_unsafe_unlocked();
+    if (res == CUDA_SUCCESS)
+        res = fc_resolve_stream_unlocked(sync ? NULL : h, c, key, sctx);
+    return res;
+}
+
+/* A copy: checked, then captured as a node, or done (and timed) now. */
+static CUresult copy_op_unlocked(int sync, CUstream h, uint64_t dst, int dst_dev, uint64_t src,
+                                 int src_dev, size_t n)
+{
+    struct CUctx_st *sctx;
+    uint64_t key;
+    int captured;
+    CUresult res = stream_of_unlocked(sync, h, &sctx, &key);
+    if (res == CUDA_SUCCESS)
+        res = check_copy_unlocked(dst, dst_dev, src, src_dev, n);
+    struct CUgraphNode_st proto = {.type = FC_NODE_MEMCPY, .u.copy = {dst, src, n}};
+    if (res == CUDA_SUCCESS)
+        res = fc_cap_work_unlocked(sctx, key, n ? &proto : NULL, &captured);
+    if (res != CUDA_SUCCESS || captured || n == 0)
+        return res;
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    fc_tl_copy_unlocked(sync ? NULL : h, dst, src, n, sync);
+    return CUDA_SUCCESS;
+}
+
+/* A memset of n elements of elem (1 or 4) bytes, like copy_op_unlocked. */
+static CUresult set_op_unlocked(int sync, CUstream h, uint64_t dst, unsigned int value, size_t elem,
+                                size_t n)
+{
+    struct CUctx_st *sctx;
+    uint64_t key;
+    int captured;
+    CUresult res = stream_of_unlocked(sync, h, &sctx, &key);
+    if (res == CUDA_SUCCESS)
+        res = check_set_unlocked(dst, elem, n);
+    struct CUgraphNode_st proto = {.type = FC_NODE_MEMSET, .u.set = {dst, value, elem, n}};
+    if (res == CUDA_SUCCESS)
+        res = fc_cap_work_unlocked(sctx, key, n ? &proto : NULL, &captured);
+    if (res != CUDA_SUCCESS || captured || n == 0)
+        return res;
+    fc_fill_unlocked(dst, value, elem, n);
+    fc_tl_copy_unlocked(sync ? NULL : h, dst, 0, n * elem, 0);
     return CUDA_SUCCESS;
 }
 
 FC_API CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
     FC_BEGIN(FN_cuMemcpy, 1);
-    if ((res = prologue_unlocked(0, NULL)) != CUDA_SUCCESS)
-        goto done;
-    res = copy_unlocked(dst, -1, src, -1, ByteCount);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(NULL, dst, src, ByteCount, 1);
+    res = copy_op_unlocked(1, NULL, dst, -1, src, -1, ByteCount);
     FC_END();
 }
 
@@ -77,11 +136,7 @@ FC_API CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t B
                                       CUstream hStream)
 {
     FC_BEGIN(FN_cuMemcpyAsync, 1);
-    if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
-        goto done;
-    res = copy_unlocked(dst, -1, src, -1, ByteCount);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(hStream, dst, src, ByteCount, 0);
+    res = copy_op_unlocked(0, hStream, dst, -1, src, -1, ByteCount);
     FC_END();
 }
 
@@ -89,11 +144,7 @@ FC_API CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDe
                                         size_t ByteCount)
 {
     FC_BEGIN(FN_cuMemcpyDtoD_v2, 1);
-    if ((res = prologue_unlocked(0, NULL)) != CUDA_SUCCESS)
-        goto done;
-    res = copy_unlocked(dstDevice, 1, srcDevice, 1, ByteCount);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(NULL, dstDevice, srcDevice, ByteCount, 1);
+    res = copy_op_unlocked(1, NULL, dstDevice, 1, srcDevice, 1, ByteCount);
     FC_END();
 }
 
@@ -101,11 +152,7 @@ FC_API CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *
                                              size_t ByteCount, CUstream hStream)
 {
     FC_BEGIN(FN_cuMemcpyHtoDAsync_v2, 1);
-    if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
-        goto done;
-    res = copy_unlocked(dstDevice, 1, (uint64_t)(uintptr_t)srcHost, 0, ByteCount);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(hStream, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount, 0);
+    res = copy_op_unlocked(0, hStream, dstDevice, 1, (uint64_t)(uintptr_t)srcHost, 0, ByteCount);
     FC_END();
 }
 
@@ -113,11 +160,7 @@ FC_API CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevic
                                              size_t ByteCount, CUstream hStream)
 {
     FC_BEGIN(FN_cuMemcpyDtoHAsync_v2, 1);
-    if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
-        goto done;
-    res = copy_unlocked((uint64_t)(uintptr_t)dstHost, 0, srcDevice, 1, ByteCount);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(hStream, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount, 0);
+    res = copy_op_unlocked(0, hStream, (uint64_t)(uintptr_t)dstHost, 0, srcDevice, 1, ByteCount);
     FC_END();
 }
 
@@ -125,11 +168,7 @@ FC_API CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr 
                                              size_t ByteCount, CUstream hStream)
 {
     FC_BEGIN(FN_cuMemcpyDtoDAsync_v2, 1);
-    if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
-        goto done;
-    res = copy_unlocked(dstDevice, 1, srcDevice, 1, ByteCount);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(hStream, dstDevice, srcDevice, ByteCount, 0);
+    res = copy_op_unlocked(0, hStream, dstDevice, 1, srcDevice, 1, ByteCount);
     FC_END();
 }
 
@@ -147,13 +186,12 @@ FC_API CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext
                                      CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
 {
     FC_BEGIN(FN_cuMemcpyPeer, 1);
-    if ((res = prologue_unlocked(0, NULL)) != CUDA_SUCCESS)
+    struct CUctx_st *c;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
         goto done;
     if (!is_primary_ctx(dstContext) || !is_primary_ctx(srcContext))
         FC_FAIL(CUDA_ERROR_INVALID_CONTEXT);
-    res = copy_unlocked(dstDevice, 1, srcDevice, 1, ByteCount);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(NULL, dstDevice, srcDevice, ByteCount, 1);
+    res = copy_op_unlocked(1, NULL, dstDevice, 1, srcDevice, 1, ByteCount);
     FC_END();
 }
 
@@ -162,54 +200,29 @@ FC_API CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstCo
                                           size_t ByteCount, CUstream hStream)
 {
     FC_BEGIN(FN_cuMemcpyPeerAsync, 1);
-    if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
+    struct CUctx_st *c, *sctx;
+    uint64_t key;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS ||
+        (res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
         goto done;
     if (!is_primary_ctx(dstContext) || !is_primary_ctx(srcContext))
         FC_FAIL(CUDA_ERROR_INVALID_CONTEXT);
-    res = copy_unlocked(dstDevice, 1, srcDevice, 1, ByteCount);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(hStream, dstDevice, srcDevice, ByteCount, 0);
+    res = copy_op_unlocked(0, hStream, dstDevice, 1, srcDevice, 1, ByteCount);
     FC_END();
-}
-
-static CUresult set_unlocked(uint64_t dst, unsigned int value, size_t elem, size_t n)
-{
-    if (n == 0)
-        return CUDA_SUCCESS;
-    if (n > SIZE_MAX / elem || (elem == 4 && dst % 4 != 0))
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!fc_accessible_unlocked(dst, n * elem, 1))
-        return CUDA_ERROR_INVALID_VALUE;
-    if (elem == 1) {
-        memset((void *)(uintptr_t)dst, (int)(value & 0xff), n);
-    } else {
-        uint32_t *p = (uint32_t *)(uintptr_t)dst;
-        for (size_t i = 0; i < n; i++)
-            p[i] = value;
-    }
-    return CUDA_SUCCESS;
 }
 
 FC_API CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                                         CUstream hStream)
 {
     FC_BEGIN(FN_cuMemsetD8Async, 1);
-    if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
-        goto done;
-    res = set_unlocked(dstDevice, uc, 1, N);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(hStream, dstDevice, 0, N, 0);
+    res = set_op_unlocked(0, hStream, dstDevice, uc, 1, N);
     FC_END();
 }
 
 FC_API CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
     FC_BEGIN(FN_cuMemsetD32_v2, 1);
-    if ((res = prologue_unlocked(0, NULL)) != CUDA_SUCCESS)
-        goto done;
-    res = set_unlocked(dstDevice, ui, 4, N);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(NULL, dstDevice, 0, N * 4, 0);
+    res = set_op_unlocked(1, NULL, dstDevice, ui, 4, N);
     FC_END();
 }
 
@@ -217,11 +230,7 @@ FC_API CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui,
                                          CUstream hStream)
 {
     FC_BEGIN(FN_cuMemsetD32Async, 1);
-    if ((res = prologue_unlocked(1, hStream)) != CUDA_SUCCESS)
-        goto done;
-    res = set_unlocked(dstDevice, ui, 4, N);
-    if (res == CUDA_SUCCESS)
-        fc_tl_copy_unlocked(hStream, dstDevice, 0, N * 4, 0);
+    res = set_op_unlocked(0, hStream, dstDevice, ui, 4, N);
     FC_END();
 }
 
@@ -298,10 +307,17 @@ FC_API CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr add
                                                 unsigned int flags)
 {
     FC_BEGIN(FN_cuStreamWriteValue32_v2, 1);
-    if ((res = prologue_unlocked(1, stream)) != CUDA_SUCCESS)
+    struct CUctx_st *sctx;
+    uint64_t key;
+    int captured;
+    if ((res = stream_of_unlocked(0, stream, &sctx, &key)) != CUDA_SUCCESS)
         goto done;
     if (flags > 1 || addr % 4 != 0 || !fc_accessible_unlocked(addr, 4, 1))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    /* captured as a one-word memset, which is what it does */
+    struct CUgraphNode_st proto = {.type = FC_NODE_MEMSET, .u.set = {addr, value, 4, 1}};
+    if ((res = fc_cap_work_unlocked(sctx, key, &proto, &captured)) != CUDA_SUCCESS || captured)
+        goto done;
     *(volatile uint32_t *)(uintptr_t)addr = value;
     FC_END();
 }

@@ -93,22 +93,9 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static CUresult event_record(int fn, CUevent hEvent, CUstream hStream, unsigned int flags)
+/* The work of a record on (sctx, key), also replayed by graph launches. */
+void fc_event_record_now_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key)
 {
-    FC_BEGIN(fn, 1);
-    struct CUctx_st *c, *sctx;
-    uint64_t key;
-    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
-        goto done;
-    fc_event_t *e = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent);
-    if (!e)
-        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
-    if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
-        goto done;
-    if (e->ctx != sctx) /* documented: "must be from the same context" */
-        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
-    if (flags & ~(unsigned int)CU_EVENT_RECORD_EXTERNAL)
-        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     e->recorded = 1;
     e->stream_key = key;
     e->recorded_ms = now_ms();
@@ -135,6 +122,28 @@ static CUresult event_record(int fn, CUevent hEvent, CUstream hStream, unsigned 
         e->remaining = fc.ev_after;
         break;
     }
+}
+
+static CUresult event_record(int fn, CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    FC_BEGIN(fn, 1);
+    struct CUctx_st *c, *sctx;
+    uint64_t key;
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    fc_event_t *e = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent);
+    if (!e)
+        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+        goto done;
+    if (e->ctx != sctx) /* documented: "must be from the same context" */
+        FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if (flags & ~(unsigned int)CU_EVENT_RECORD_EXTERNAL)
+        FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    int captured; /* Note [Stream capture] in fakecuda_capture.c */
+    if ((res = fc_cap_event_record_unlocked(e, sctx, key, flags, &captured)) != CUDA_SUCCESS || captured)
+        goto done;
+    fc_event_record_now_unlocked(e, sctx, key);
     FC_END();
 }
 
@@ -143,8 +152,8 @@ FC_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
     return event_record(FN_cuEventRecord, hEvent, hStream, 0);
 }
 
-/* CU_EVENT_RECORD_EXTERNAL only matters under stream capture, which the
- * fake does not have. */
+/* CU_EVENT_RECORD_EXTERNAL only matters under stream capture: it makes the
+ * record a node of the graph. */
 FC_API CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
 {
     return event_record(FN_cuEventRecordWithFlags, hEvent, hStream, flags);
@@ -167,6 +176,9 @@ FC_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsi
         FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
     if (Flags & ~(unsigned int)CU_EVENT_WAIT_EXTERNAL)
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
+    int captured; /* Note [Stream capture] in fakecuda_capture.c */
+    if ((res = fc_cap_event_wait_unlocked(e, sctx, key, Flags, &captured)) != CUDA_SUCCESS || captured)
+        goto done;
     if (e->recorded && e->timed && !e->complete)
         fc_tl_wait_unlocked(sctx, key, e->t_ns);
     FC_END();
@@ -206,6 +218,8 @@ FC_API CUresult CUDAAPI cuEventQuery(CUevent hEvent)
     fc_event_t *e = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent);
     if (!e)
         FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if ((res = fc_cap_event_use_unlocked(e)) != CUDA_SUCCESS)
+        goto done;
     if (!fc_event_poll_unlocked(e))
         FC_FAIL(CUDA_ERROR_NOT_READY);
     FC_END();
@@ -221,6 +235,8 @@ FC_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
     fc_event_t *e = fc_vec_find(&fc.events, (uint64_t)(uintptr_t)hEvent);
     if (!e)
         FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if ((res = fc_cap_event_use_unlocked(e)) != CUDA_SUCCESS)
+        goto done;
     if (e->recorded && e->timed)
         fc_tl_host_wait_unlocked(e->t_ns);
     e->complete = 1;
@@ -237,6 +253,7 @@ static CUresult event_destroy(int fn, CUevent hEvent)
     if (!e)
         FC_FAIL(CUDA_ERROR_INVALID_HANDLE);
     fc.dev[e->ctx->device].n_events--;
+    fc_cap_event_clear(e);
     free(e);
     FC_END();
 }

@@ -53,6 +53,12 @@ CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx);
 CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx);
 CUresult CUDAAPI cuStreamDestroy(CUstream hStream);
 CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
+/* CUDA 12's capture query, still exported by a CUDA 13 driver; cuda.h
+ * declares it only for the driver's own build. */
+CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                           cuuint64_t *id_out, CUgraph *graph_out,
+                                           const CUgraphNode **dependencies_out,
+                                           size_t *numDependencies_out);
 
 #define FC_API __attribute__((visibility("default")))
 
@@ -101,7 +107,15 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
     X(cuOccupancyMaxActiveClusters) X(cuTensorMapEncodeIm2col)              \
     /* required by torch's DriverAPI (expandable segments); NOT_SUPPORTED */ \
     X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)       \
-    X(cuMemRetainAllocationHandle)
+    X(cuMemRetainAllocationHandle)                                          \
+    /* stream capture (fakecuda_capture.c) and graphs (fakecuda_graph.c) */ \
+    X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
+    X(cuStreamGetCaptureInfo_v2) X(cuStreamGetCaptureInfo_v3)              \
+    X(cuThreadExchangeStreamCaptureMode) X(cuLaunchHostFunc)                \
+    X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphGetNodes)                   \
+    X(cuGraphNodeGetDependencies_v2) X(cuGraphInstantiateWithFlags)         \
+    X(cuGraphInstantiateWithParams) X(cuGraphUpload) X(cuGraphLaunch)       \
+    X(cuGraphExecDestroy) X(cuGraphExecUpdate_v2) X(cuGraphDebugDotPrint)
 
 enum {
 #define FC_ENUM(name) FN_##name,
@@ -245,6 +259,11 @@ typedef struct {
     double recorded_ms;         /* CLOCK_MONOTONIC at the last record, for elapsed time */
     int timed;                  /* recorded in timeline mode: complete when host_ns >= t_ns */
     uint64_t t_ns;              /* the stream's ready time at the record (timeline) */
+    /* Note [Stream capture]: last recorded in capture cap_id (0: not), with
+     * the capturing stream's dependency set at the record */
+    uint64_t cap_id;
+    struct CUgraphNode_st **cap_deps;
+    size_t cap_ndeps;
 } fc_event_t;
 
 typedef struct {
@@ -285,6 +304,11 @@ typedef struct {
     fc_vec_t events;            /* key: handle */
     fc_vec_t modules;           /* key: handle (fc_module_t *) */
     fc_vec_t functions;         /* key: handle (fc_func_t *) of loaded modules */
+    fc_vec_t graphs;            /* key: the CUgraph pointer (fakecuda_graph.c) */
+    fc_vec_t execs;             /* key: the CUgraphExec pointer */
+    fc_vec_t captures;          /* key: capture id; captures not yet ended */
+    fc_vec_t capstreams;        /* key: stream key; streams taking part in one */
+    uint64_t next_capture_id;   /* last capture id handed out */
     uint64_t next_id;
 
     int memfd;                  /* backing store of cuMemCreate; -1 until needed */
@@ -376,6 +400,10 @@ int fc_accessible_unlocked(uint64_t p, size_t n, int write);
 int fc_lookup_device_ptr_unlocked(uint64_t p, uint64_t *base, size_t *size, int *dev);
 int fc_mem_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
 
+/* fakecuda_copy.c: the work of a memset (elem 1 or 4 bytes, n of them;
+ * the range already checked), also replayed by graph launches. */
+void fc_fill_unlocked(uint64_t dst, unsigned int value, size_t elem, size_t n);
+
 /* fakecuda_event.c: one poll of an event (a query: 1 when complete, which
  * may complete it), and "recorded and not complete" without polling. */
 int fc_event_poll_unlocked(fc_event_t *e);
@@ -422,6 +450,102 @@ void fc_module_reset_ctx_unlocked(struct CUctx_st *ctx);
  * .maxntid, the device), and how many blocks of it fit on one SM. */
 int fc_func_max_threads(const fc_func_t *f);
 int fc_func_blocks_per_sm(const fc_func_t *f, int threads, size_t dyn_smem);
+/* ---- graphs (fakecuda_graph.c) and stream capture (fakecuda_capture.c) ----
+ * All protected by fc.mu. A node belongs to one graph and lives until the
+ * graph is destroyed; an exec holds copies of its graph's nodes. */
+enum { FC_NODE_EMPTY, FC_NODE_KERNEL, FC_NODE_MEMCPY, FC_NODE_MEMSET, FC_NODE_HOST,
+       FC_NODE_EVENT_RECORD, FC_NODE_EVENT_WAIT };
+
+struct CUgraphNode_st {
+    int type;                   /* FC_NODE_* */
+    struct CUgraph_st *graph;   /* NULL in an exec's copy */
+    size_t index;               /* position in the graph (a topological order) */
+    struct CUgraphNode_st **deps;
+    size_t ndeps;
+    union {
+        long long cycles;                                       /* KERNEL */
+        struct { uint64_t dst, src; size_t n; } copy;           /* MEMCPY */
+        struct { uint64_t dst; unsigned int value; size_t elem, n; } set; /* MEMSET */
+        struct { CUhostFn fn; void *data; } host;              /* HOST */
+        uint64_t event;                                         /* EVENT_* */
+    } u;
+};
+
+struct CUgraph_st {
+    struct CUgraphNode_st **nodes;
+    size_t n, cap;
+    uint64_t capture_id;        /* the capture recording into it, 0 if none */
+};
+
+struct CUgraphExec_st {
+    struct CUgraphNode_st *nodes; /* copies, deps not kept */
+    size_t n;
+    unsigned long long flags;
+    uint64_t launches;
+};
+
+typedef struct {
+    uint64_t id;                /* nonzero, never reused */
+    int mode;                   /* CUstreamCaptureMode given at begin */
+    pthread_t thread;           /* the thread that began it */
+    struct CUctx_st *ctx;
+    uint64_t origin;            /* key of the stream it began on */
+    int invalidated;
+    struct CUgraph_st *graph;
+} fc_capture_t;
+
+typedef struct {                /* a stream taking part in a capture */
+    uint64_t key;
+    fc_capture_t *cap;
+    int blocking;               /* not CU_STREAM_NON_BLOCKING */
+    struct CUgraphNode_st **deps; /* what its next node depends on */
+    CUgraphEdgeData *edges;     /* ndeps zeroed (default) edges */
+    size_t ndeps;
+} fc_capstream_t;
+
+/* fakecuda_capture.c: the capture state */
+fc_capstream_t *fc_cap_member_unlocked(uint64_t key);          /* NULL: not capturing */
+fc_capture_t *fc_cap_active_unlocked(uint64_t id);              /* NULL: ended (or 0) */
+/* Replace m's dependency set with a copy of deps; -1 out of memory. */
+int fc_cap_set_deps(fc_capstream_t *m, struct CUgraphNode_st *const *deps, size_t n);
+fc_capstream_t *fc_cap_join_unlocked(fc_capture_t *cap, uint64_t key, int blocking,
+                                     struct CUgraphNode_st *const *deps, size_t n);
+/* Does a blocking stream of ctx take part in a capture? Invalidates those. */
+int fc_cap_implicit_unlocked(struct CUctx_st *ctx);
+int fc_cap_thread_mode(void);                                   /* CUstreamCaptureMode */
+
+struct CUgraph_st *fc_graph_new_unlocked(void);
+void fc_graph_free_unlocked(struct CUgraph_st *g);
+/* Appends a copy of proto depending on deps; NULL when out of memory. */
+struct CUgraphNode_st *fc_graph_add_unlocked(struct CUgraph_st *g, const struct CUgraphNode_st *proto,
+                                             struct CUgraphNode_st *const *deps, size_t ndeps);
+int fc_graph_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
+
+/* fakecuda_capture_rules.c. Work for stream (sctx, key): CUDA_SUCCESS and *captured = 1 if it was
+ * recorded as a copy of proto (the caller must not run it), *captured = 0
+ * if it is to run now; an error if the capture rules forbid it. proto NULL:
+ * only the checks (synchronous calls on the legacy stream). */
+CUresult fc_cap_work_unlocked(struct CUctx_st *sctx, uint64_t key, const struct CUgraphNode_st *proto,
+                              int *captured);
+/* A "potentially unsafe" call (cuMemAlloc, synchronous copies, ...) by this
+ * thread: STREAM_CAPTURE_UNSUPPORTED (invalidating the captures that forbid
+ * it) or CUDA_SUCCESS. */
+CUresult fc_cap_unsafe_unlocked(void);
+/* A synchronous copy or memset in context c: potentially unsafe, and on
+ * the legacy stream (STREAM_CAPTURE_IMPLICIT next to a blocking capture). */
+CUresult fc_cap_sync_call_unlocked(struct CUctx_st *c);
+CUresult fc_cap_sync_ctx_unlocked(struct CUctx_st *c);
+CUresult fc_cap_sync_stream_unlocked(struct CUctx_st *sctx, uint64_t key);
+CUresult fc_cap_event_record_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key,
+                                      unsigned int flags, int *captured);
+CUresult fc_cap_event_wait_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key,
+                                    unsigned int flags, int *captured);
+/* Query or synchronise e: CAPTURED_EVENT while its capture is under way. */
+CUresult fc_cap_event_use_unlocked(fc_event_t *e);
+void fc_cap_event_clear(fc_event_t *e);
+int fc_cap_is_capturing_unlocked(uint64_t key);
+/* fakecuda_event.c: record e on (sctx, key) now, as cuEventRecord does. */
+void fc_event_record_now_unlocked(fc_event_t *e, struct CUctx_st *sctx, uint64_t key);
 
 /* report string builder (fakecuda_report.c) */
 /* JSON for the report goes through simjson.h's builder (sb is a sim_sb_t *). */

@@ -74,6 +74,8 @@ FC_API CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     struct CUctx_st *c;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
         goto done;
+    if ((res = fc_cap_unsafe_unlocked()) != CUDA_SUCCESS) /* Note [Stream capture] */
+        goto done;
     if (!dptr || bytesize == 0)
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
     if (over_limit_unlocked(c->device, bytesize))
@@ -114,6 +116,8 @@ FC_API CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     FC_BEGIN(FN_cuMemFree_v2, 1);
     struct CUctx_st *c;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    if ((res = fc_cap_unsafe_unlocked()) != CUDA_SUCCESS) /* Note [Stream capture] */
         goto done;
     fc_alloc_t *a = fc_vec_remove(&fc.allocs, (uint64_t)dptr);
     if (!a)
@@ -233,6 +237,8 @@ FC_API CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHo
     struct CUctx_st *c;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
         goto done;
+    if ((res = fc_cap_sync_call_unlocked(c)) != CUDA_SUCCESS) /* Note [Stream capture] */
+        goto done;
     if (ByteCount == 0)
         goto done;
     if (!srcHost || !fc_accessible_unlocked(dstDevice, ByteCount, 1))
@@ -248,6 +254,8 @@ FC_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, si
     struct CUctx_st *c;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
         goto done;
+    if ((res = fc_cap_sync_call_unlocked(c)) != CUDA_SUCCESS) /* Note [Stream capture] */
+        goto done;
     if (ByteCount == 0)
         goto done;
     if (!dstHost || !fc_accessible_unlocked(srcDevice, ByteCount, 0))
@@ -262,6 +270,8 @@ FC_API CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, s
     FC_BEGIN(FN_cuMemsetD8_v2, 1);
     struct CUctx_st *c;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+        goto done;
+    if ((res = fc_cap_sync_call_unlocked(c)) != CUDA_SUCCESS) /* Note [Stream capture] */
         goto done;
     if (N == 0)
         goto done;

@@ -250,16 +250,19 @@ static void build_report_unlocked(sim_sb_t *sb)
         lk_streams += d->n_streams;
         lk_refs += (size_t)d->ctx.refcount;
     }
-    size_t lk_total = lk_allocs + lk_handles + lk_res + lk_maps + lk_events + lk_streams;
+    size_t lk_total = lk_allocs + lk_handles + lk_res + lk_maps + lk_events + lk_streams +
+                      fc.graphs.n + fc.execs.n;
     sim_sb_printf(sb, "],\n \"leaks\": {\"total\": %zu, \"allocations\": %zu, \"bytes_allocated\": %zu, "
                      "\"handles\": %zu, \"bytes_created\": %zu, \"reservations\": %zu, "
                      "\"mappings\": %zu, \"bytes_mapped\": %zu, \"events\": %zu, \"streams\": %zu, "
+                     "\"graphs\": %zu, \"graph_execs\": %zu, "
                      "\"primary_ctx_refs\": %zu, \"details\": [",
                  lk_total, lk_allocs, lk_alloc_bytes, lk_handles, lk_created, lk_res, lk_maps,
-                 lk_mapped, lk_events, lk_streams, lk_refs);
+                 lk_mapped, lk_events, lk_streams, fc.graphs.n, fc.execs.n, lk_refs);
     int first = 1, left = LEAK_DETAIL_LIMIT;
     left = fc_mem_report_leaks_unlocked(sb, &first, left);
     left = fc_sync_report_leaks_unlocked(sb, &first, left);
+    left = fc_graph_report_leaks_unlocked(sb, &first, left);
     sim_sb_printf(sb, "], \"details_truncated\": %s},\n", left < 0 ? "true" : "false");
     sim_sb_printf(sb, " \"reclaimed_by_ctx_reset\": {\"allocations\": %zu, \"bytes\": %zu, "
                      "\"streams\": %zu, \"events\": %zu}\n}\n",
@@ -395,6 +398,7 @@ FC_API long long fakecuda_query(const char *key, int device)
             t += d->n_allocs + d->n_handles + d->n_reservations + d->n_mappings + d->n_events +
                  d->n_streams;
         }
+        t += fc.graphs.n + fc.execs.n;
         v = (long long)t;
     } else if (fc.config_loaded && fc_valid_device(device)) {
         const fc_device_t *d = &fc.dev[device];

@@ -98,6 +98,7 @@ void fc_sync_reset_ctx_unlocked(struct CUctx_st *ctx)
         fc_vec_remove_at(&fc.events, i);
         fc.dev[ctx->device].n_events--;
         fc.reclaimed.events++;
+        fc_cap_event_clear(e);
         free(e);
     }
 }
@@ -263,7 +264,8 @@ FC_API CUresult CUDAAPI cuStreamQuery(CUstream hStream)
     uint64_t key;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
         goto done;
-    if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+    if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS ||
+        (res = fc_cap_sync_stream_unlocked(sctx, key)) != CUDA_SUCCESS)
         goto done;
     int busy = 0;
     for (size_t i = 0; i < fc.events.n; i++) {
@@ -285,7 +287,8 @@ FC_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
     uint64_t key;
     if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
         goto done;
-    if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS)
+    if ((res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) != CUDA_SUCCESS ||
+        (res = fc_cap_sync_stream_unlocked(sctx, key)) != CUDA_SUCCESS)
         goto done;
     fc_tl_host_wait_unlocked(fc_tl_ready_unlocked(sctx, key));
     complete_unlocked(sctx, key);
@@ -296,7 +299,8 @@ FC_API CUresult CUDAAPI cuCtxSynchronize(void)
 {
     FC_BEGIN(FN_cuCtxSynchronize, 1);
     struct CUctx_st *c;
-    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS)
+    if ((res = fc_current_ctx_unlocked(&c)) != CUDA_SUCCESS ||
+        (res = fc_cap_sync_ctx_unlocked(c)) != CUDA_SUCCESS) /* Note [Stream capture] */
         goto done;
     fc_tl_host_wait_unlocked(c->tl_all);
     complete_unlocked(c, 0);

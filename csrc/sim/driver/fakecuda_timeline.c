@@ -144,18 +144,25 @@ void fc_tl_copy_unlocked(CUstream h, uint64_t dst, uint64_t src, size_t n, int h
 }
 
 /* The fake runtime's kernel launches: the checks of a launch on hStream,
- * then its work (cycles >= 0: torch's _sleep kernel; -1: any other). Not a
- * cu* function, so neither counted nor open to failure injection. */
+ * then its work (cycles >= 0: torch's _sleep kernel; -1: any other), or,
+ * on a capturing stream, a kernel node (Note [Stream capture] in
+ * fakecuda_capture.c). Not a cu* function, so neither counted nor open to
+ * failure injection. */
 FC_API CUresult fakecuda_launch(CUstream hStream, long long cycles)
 {
     struct CUctx_st *c, *sctx;
     uint64_t key;
+    int captured;
     CUresult res = CUDA_ERROR_NOT_INITIALIZED;
     fc_lock();
     fc.host_ns += FC_TL_HOST_CALL_NS;
     if (fc.initialized && (res = fc_current_ctx_unlocked(&c)) == CUDA_SUCCESS &&
-        (res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) == CUDA_SUCCESS)
-        fc_tl_enqueue_unlocked(sctx, key, fc_tl_kernel_ns(cycles));
+        (res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) == CUDA_SUCCESS) {
+        struct CUgraphNode_st proto = {.type = FC_NODE_KERNEL, .u.cycles = cycles};
+        res = fc_cap_work_unlocked(sctx, key, &proto, &captured);
+        if (res == CUDA_SUCCESS && !captured)
+            fc_tl_enqueue_unlocked(sctx, key, fc_tl_kernel_ns(cycles));
+    }
     fc_unlock();
     return res;
 }
