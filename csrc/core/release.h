@@ -13,8 +13,13 @@
  * `stream` until `size` bytes are freed. 1 if that much went back. */
 int gm_release_oversize_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_t size,
                                  uint32_t ctx);
+/* Release every wholly free plain segment and every wholly free granule of
+ * expandable segments of one pool (torch's release_blocks). */
+int gm_release_pool_unlocked(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx);
 /* Wait for every event, then release every wholly free plain segment and
- * every wholly free granule of expandable segments. */
+ * every wholly free granule of expandable segments of the default pools
+ * (skipped while a private pool is allocating), then the cached memory of
+ * every freeable private pool. */
 int gm_release_all_unlocked(gm_alloc_t *a, uint32_t ctx);
 /* The same without waiting: only what is free now goes back. */
 int gm_release_free_unlocked(gm_alloc_t *a, uint32_t ctx);
