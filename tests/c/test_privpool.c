@@ -223,3 +223,62 @@ TEST(privpool_oom_while_allocating_keeps_the_default_cache) {
     CHECK_ALLOC(&fx);
     fx_close(&fx);
 }
+
+/* A backend that wraps the fixture's, with a capture mode of its own and
+ * a record of the mode each device allocation ran in. */
+static const gm_backend_t *inner;
+static int cur_mode, n_exchanges, n_allocs, n_allocs_relaxed;
+
+static int exchange_mode(void *ctx, int *mode) {
+    (void)ctx;
+    int prev = cur_mode;
+    cur_mode = *mode;
+    *mode = prev;
+    n_exchanges++;
+    return GM_OK;
+}
+
+static int wrapped_seg_alloc(void *ctx, int device, size_t size, uintptr_t *out) {
+    n_allocs++;
+    n_allocs_relaxed += cur_mode == GM_CAPTURE_MODE_RELAXED;
+    return inner->seg_alloc(ctx, device, size, out);
+}
+
+static int wrapped_map(void *ctx, int device, uintptr_t va, size_t size) {
+    n_allocs++;
+    n_allocs_relaxed += cur_mode == GM_CAPTURE_MODE_RELAXED;
+    return inner->map(ctx, device, va, size);
+}
+
+TEST(privpool_device_allocations_run_in_relaxed_capture_mode) {
+    fx_t fx;
+    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    inner = fx.be;
+    gm_backend_t be = *fx.be;
+    be.seg_alloc = wrapped_seg_alloc;
+    be.map = wrapped_map;
+    be.exchange_capture_mode = exchange_mode;
+    cur_mode = GM_CAPTURE_MODE_GLOBAL;
+    n_exchanges = n_allocs = n_allocs_relaxed = 0;
+    gm_alloc_t *a = NULL;
+    REQUIRE(gm_alloc_create(&be, 0, &fx.settings, &a) == GM_OK);
+    uintptr_t p = 0, q = 0;
+    CHECK_EQ(gm_alloc_malloc(a, 3 * MiB, S0, 0, &p, NULL), GM_OK);
+    CHECK_EQ(n_exchanges, 0); /* no pool allocating: the fast path never asks */
+    CHECK(n_allocs >= 1);
+    CHECK_EQ(n_allocs_relaxed, 0);
+    CHECK_EQ(gm_alloc_pool_begin(a, G1), GM_OK);
+    int before = n_allocs;
+    CHECK_EQ(gm_alloc_malloc_pool(a, 3 * MiB, S0, 0, G1, &q, NULL), GM_OK);
+    CHECK(n_allocs > before);
+    CHECK_EQ(n_allocs_relaxed, n_allocs - before);
+    CHECK_EQ(cur_mode, GM_CAPTURE_MODE_GLOBAL); /* restored */
+    CHECK_EQ(n_exchanges % 2, 0);
+    CHECK_EQ(gm_alloc_pool_end(a, G1), GM_OK);
+    CHECK_EQ(gm_alloc_free(a, p, 0), GM_OK);
+    CHECK_EQ(gm_alloc_free(a, q, 0), GM_OK);
+    char msg[256];
+    CHECK_EQ(gm_alloc_check(a, msg, sizeof msg), 0);
+    gm_alloc_destroy(a);
+    fx_close(&fx);
+}
