@@ -253,3 +253,38 @@ emit(out)
     if t["capture"] is not True:
         pytest.skip(f"the simulated GPU cannot capture CUDA graphs here: {t['capture']}")
     assert_same(t, run_gm(code, prelude=STATS))
+
+
+def test_snapshot_with_private_pools_replays_and_views(tmp_path):
+    """A snapshot gpumem records while MemPools are in use names each
+    segment's pool (a tuple, as torch's does) and stays readable by gpumem's
+    own tools: replay, view and summary."""
+    import subprocess
+    import sys
+
+    from gpumem._unpickle import load_snapshot
+    from test_torch_common import ROOT
+
+    path = tmp_path / "pools.pickle"
+    run_gm(f'''
+        torch.cuda.memory._record_memory_history(max_entries=10000)
+        x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+        p1, p2 = torch.cuda.MemPool(), torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(p1):
+            a = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
+        with torch.cuda.use_mem_pool(p2):
+            b = torch.empty(1000, dtype=torch.uint8, device="cuda")
+        del a
+        torch.cuda.memory._dump_snapshot({str(path)!r})
+        emit({{}})
+    ''', prelude=STATS)
+    snap = load_snapshot(path)
+    ids = sorted({tuple(s["segment_pool_id"]) for s in snap["segments"]})
+    assert ids == [(0, 0), (0, 1), (0, 2)], ids
+    assert all(type(s["segment_pool_id"]) is tuple for s in snap["segments"])
+    for cmd in (["replay", str(path), "--json"], ["view", str(path), "-o", str(tmp_path / "v.html")],
+                ["summary", str(path)]):
+        proc = subprocess.run([sys.executable, "-m", "gpumem", *cmd], capture_output=True,
+                              text=True, cwd=ROOT, timeout=300)
+        assert proc.returncode == 0, (cmd, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert (tmp_path / "v.html").stat().st_size > 1000
