@@ -328,7 +328,7 @@ int gm_alloc_empty_cache_pool(gm_alloc_t *a, gm_mempool_id_t id, uint32_t ctx) {
         if (!a->n_allocating)
             rc = gm_events_sync_all_unlocked(a, ctx);
         if (rc == GM_OK)
-            rc = gm_privpool_release_freeable_unlocked(a, p, ctx);
+            rc = gm_release_freeable_pools_unlocked(a, p, ctx);
     }
     GM_DEEP_CHECK(a);
     gm_unlock(a);

@@ -33,9 +33,7 @@
 
 #include <stdlib.h>
 
-#include "check.h"
 #include "pool.h"
-#include "release.h"
 
 gm_private_pool_t *gm_privpool_find_unlocked(gm_alloc_t *a, gm_mempool_id_t id) {
     for (gm_private_pool_t *p = a->private_pools; p; p = p->next)
@@ -49,29 +47,16 @@ static int holds_memory(const gm_private_pool_t *p) {
            p->small.unmapped.count || p->large.unmapped.count;
 }
 
-static void unlink_pool(gm_alloc_t *a, gm_private_pool_t *p) {
+int gm_privpool_delete_if_done_unlocked(gm_alloc_t *a, gm_private_pool_t *p) {
+    if (p->use_count != 0 || p->allocating || holds_memory(p))
+        return 0;
     for (gm_private_pool_t **pp = &a->private_pools; *pp; pp = &(*pp)->next)
         if (*pp == p) {
             *pp = p->next;
             break;
         }
     free(p);
-}
-
-int gm_privpool_release_freeable_unlocked(gm_alloc_t *a, gm_private_pool_t *only, uint32_t ctx) {
-    for (gm_private_pool_t *p = a->private_pools, *next; p; p = next) {
-        next = p->next;
-        if (p->use_count != 0 || (only && p != only))
-            continue;
-        int rc = gm_release_pool_unlocked(a, &p->large, ctx);
-        if (rc == GM_OK)
-            rc = gm_release_pool_unlocked(a, &p->small, ctx);
-        if (rc)
-            return rc;
-        if (!holds_memory(p) && !p->allocating)
-            unlink_pool(a, p);
-    }
-    return GM_OK;
+    return 1;
 }
 
 void gm_privpool_destroy_unlocked(gm_alloc_t *a) {

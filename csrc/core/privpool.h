@@ -16,10 +16,9 @@ static inline gm_mempool_id_t gm_privpool_id_of(const gm_pool_t *p) {
     gm_mempool_id_t none = {0, 0};
     return p->owner ? p->owner->id : none;
 }
-/* Release the cached segments of every freeable pool (of `only` if not
- * NULL), deleting those left with no memory (torch's graph_pools_freeable
- * part of release_cached_blocks). */
-int gm_privpool_release_freeable_unlocked(gm_alloc_t *a, gm_private_pool_t *only, uint32_t ctx);
+/* Delete p if it is released (use count 0), not allocating and holds no
+ * memory (torch erases such a pool from graph_pools); 1 if deleted. */
+int gm_privpool_delete_if_done_unlocked(gm_alloc_t *a, gm_private_pool_t *p);
 /* Delete every pool struct (destroy only: blocks are gone already). */
 void gm_privpool_destroy_unlocked(gm_alloc_t *a);
 

@@ -108,7 +108,22 @@ int gm_release_all_unlocked(gm_alloc_t *a, uint32_t ctx) {
         if (rc)
             return rc;
     }
-    return a->private_pools ? gm_privpool_release_freeable_unlocked(a, NULL, ctx) : GM_OK;
+    return a->private_pools ? gm_release_freeable_pools_unlocked(a, NULL, ctx) : GM_OK;
+}
+
+int gm_release_freeable_pools_unlocked(gm_alloc_t *a, gm_private_pool_t *only, uint32_t ctx) {
+    for (gm_private_pool_t *p = a->private_pools, *next; p; p = next) {
+        next = p->next;
+        if (p->use_count != 0 || (only && p != only))
+            continue;
+        int rc = gm_release_pool_unlocked(a, &p->large, ctx);
+        if (rc == GM_OK)
+            rc = gm_release_pool_unlocked(a, &p->small, ctx);
+        if (rc)
+            return rc;
+        gm_privpool_delete_if_done_unlocked(a, p);
+    }
+    return GM_OK;
 }
 
 void gm_release_gc_unlocked(gm_alloc_t *a, uint32_t ctx) {

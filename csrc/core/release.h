@@ -21,8 +21,14 @@ int gm_release_pool_unlocked(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx);
  * (skipped while a private pool is allocating), then the cached memory of
  * every freeable private pool. */
 int gm_release_all_unlocked(gm_alloc_t *a, uint32_t ctx);
-/* The same without waiting: only what is free now goes back. */
+/* The default pools' part without waiting: only what is free now goes
+ * back (caching off). */
 int gm_release_free_unlocked(gm_alloc_t *a, uint32_t ctx);
+/* Release the cached segments of every freeable private pool (of `only`
+ * if not NULL), deleting those left with no memory (torch's
+ * graph_pools_freeable part of release_cached_blocks). */
+int gm_release_freeable_pools_unlocked(gm_alloc_t *a, gm_private_pool_t *only, uint32_t ctx);
+
 /* Release large unsplit cached blocks older than average until the
  * reserved memory is below the threshold of the limit. */
 void gm_release_gc_unlocked(gm_alloc_t *a, uint32_t ctx);
