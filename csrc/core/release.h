@@ -2,7 +2,8 @@
  * release.h - giving cached memory back to the device: all of it
  * (empty_cache and the out-of-memory retry), oversize blocks first (when a
  * max_split_size is set), and the garbage collector
- * (garbage_collection_threshold, with a memory limit).
+ * (garbage_collection_threshold, with a memory limit), and the cached
+ * memory of released private pools (Note [Private pools] in privpool.c).
  */
 #ifndef GM_CORE_RELEASE_H
 #define GM_CORE_RELEASE_H
