@@ -191,6 +191,17 @@ except Exception as e:
 '''
 
 
+def capture_both(code: str) -> dict:
+    """Run a capture snippet under torch's allocator, skip if the simulated
+    GPU cannot capture, else under gpumem too; the two must agree."""
+    t = run_gm(code, prelude=STATS, install=False)
+    if t["capture"] is not True:
+        pytest.skip(f"the simulated GPU cannot capture CUDA graphs here: {t['capture']}")
+    g = run_gm(code, prelude=STATS)
+    assert_same(t, g)
+    return g
+
+
 def test_graph_capture_matches_torch():
     code = CAPTURE + '''
 if out["capture"] is True:
@@ -219,11 +230,7 @@ if out["capture"] is True:
     out["graphs_gone"] = stats()
 emit(out)
 '''
-    t = run_gm(code, prelude=STATS, install=False)
-    if t["capture"] is not True:
-        pytest.skip(f"the simulated GPU cannot capture CUDA graphs here: {t['capture']}")
-    g = run_gm(code, prelude=STATS)
-    assert_same(t, g)
+    g = capture_both(code)
     assert g["values"] == [2.0, 3.0] and all(g["pools"]), g
 
 
@@ -249,10 +256,7 @@ if out["capture"] is True:
     out["end"] = stats()
 emit(out)
 '''
-    t = run_gm(code, prelude=STATS, install=False)
-    if t["capture"] is not True:
-        pytest.skip(f"the simulated GPU cannot capture CUDA graphs here: {t['capture']}")
-    assert_same(t, run_gm(code, prelude=STATS))
+    capture_both(code)
 
 
 def test_snapshot_with_private_pools_replays_and_views(tmp_path):
