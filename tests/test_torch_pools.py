@@ -168,12 +168,18 @@ def test_mempool_options_gpumem_cannot_honour_are_refused():
         p = torch.cuda.MemPool()  # a plain one works, and deleting it too
         with torch.cuda.use_mem_pool(p):
             x = torch.ones(10, device="cuda")
+        try:
+            torch._C._cuda_getCheckpointState(0, p.id)
+            out["checkpoint"] = None
+        except RuntimeError as e:
+            out["checkpoint"] = str(e).splitlines()[0]
         del x, p
         out["ok"] = True
         emit(out)
     ''')
     assert "use_on_oom" in g["{'use_on_oom': True}"], g
     assert "no_split" in g["{'no_split': True}"], g
+    assert g["checkpoint"].startswith("gpumem does not support getCheckpointState"), g
     assert g["ok"]
 
 

@@ -108,6 +108,10 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   void setNoSplit(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
                                 const std::unordered_set<void*>& expected_live_allocations) override;
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          c10::cuda::MempoolId_t id) override;
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> pps) override;
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
   void attachOomRejectionObserver(cca::OomRejectionObserver observer) override;
   std::string name() override;

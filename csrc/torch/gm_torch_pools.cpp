@@ -28,7 +28,7 @@
  *   MemPools with a custom allocator, use_on_oom or no_split are refused
  *   with a clear error; getCheckpointState / setCheckpointPoolState (the
  *   cudagraph trees of torch.compile's reduce-overhead mode when a tree
- *   branches) are not implemented and raise torch's "not supported" error.
+ *   branches) are not implemented and raise an error that says so.
  */
 #include "gm_torch.h"
 
@@ -159,6 +159,27 @@ bool GpumemAllocator::checkPoolLiveAllocations(
   int rc = g_core->walk_pool(a, core_id(mempool_id), count_live, &st);
   TORCH_CHECK(rc == GM_OK, "gpumem: checkPoolLiveAllocations failed: ", g_core->strerror(rc));
   return !st.unexpected && st.allocated == expected_live_allocations.size();
+}
+
+namespace {
+
+[[noreturn]] void no_checkpoints(const char* what) {
+  TORCH_CHECK(false, "gpumem does not support ", what,
+              ": the CUDA graph trees of torch.compile(mode=\"reduce-overhead\") need it when a "
+              "tree of graphs branches; compile without reduce-overhead (or without "
+              "gpumem.install()) until gpumem restores private pool checkpoints");
+}
+
+}  // namespace
+
+std::shared_ptr<cca::AllocatorState> GpumemAllocator::getCheckpointState(c10::DeviceIndex,
+                                                                        c10::cuda::MempoolId_t) {
+  no_checkpoints("getCheckpointState");
+}
+
+cca::CheckpointDelta GpumemAllocator::setCheckpointPoolState(c10::DeviceIndex,
+                                                             std::shared_ptr<cca::AllocatorState>) {
+  no_checkpoints("setCheckpointPoolState");
 }
 
 }  // namespace gpumem
