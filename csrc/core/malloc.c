@@ -149,9 +149,10 @@ static gm_pool_t *request_pool(gm_alloc_t *a, size_t rounded, const gm_mempool_i
     return gm_sizes_is_small(rounded) ? &p->small : &p->large;
 }
 
-/* Always inlined, so that gm_alloc_malloc's copy has no pool test at all:
- * its only cost from private pools is the n_allocating test. */
-static inline __attribute__((always_inline)) int do_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t ctx,
+/* Shared by both entry points; the compiler keeps one copy, where the
+ * default path pays one predictable test of pool_id (inlining it into both
+ * measured slower: benchmarks/core_alloc.py). */
+static inline int do_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t ctx,
                             const gm_mempool_id_t *pool_id, uintptr_t *out_ptr,
                             gm_oom_info_t *oom) {
     if (!out_ptr)

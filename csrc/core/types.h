@@ -134,10 +134,6 @@ struct gm_alloc {
     gm_stats_t stats;       /* changed only by stats.c */
     gm_pool_t small_pool, large_pool;
     gm_ptrmap_t active;     /* ptr -> active block */
-    gm_private_pool_t *private_pools; /* list, newest first (privpool.c) */
-    /* Private pools between begin and end; 0 on the fast path, where it is
-     * the one extra branch (Note [Private pools]). */
-    int n_allocating;
 
     size_t allowed_memory_maximum;
     int set_fraction;       /* a memory limit is in force */
@@ -149,6 +145,12 @@ struct gm_alloc {
 
     gm_trace_fn trace_fn;
     void *trace_arg;
+
+    /* Last, so that the fields of the fast path keep their places. */
+    gm_private_pool_t *private_pools; /* list, newest first (privpool.c) */
+    /* Private pools between begin and end; 0 on the fast path, where it is
+     * the one extra branch (Note [Private pools]). */
+    int n_allocating;
 };
 
 static inline void gm_lock(gm_alloc_t *a) { pthread_mutex_lock(&a->lock); }
