@@ -282,3 +282,75 @@ TEST(privpool_device_allocations_run_in_relaxed_capture_mode) {
     gm_alloc_destroy(a);
     fx_close(&fx);
 }
+
+/* ---- threads: routed and default allocations while pools come and go ---- */
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* The id of the pool the main thread cycles through: a new one each time,
+ * as torch never reuses an id. */
+static _Atomic uint64_t cycling_id = 100;
+
+typedef struct pool_worker {
+    fx_t *fx;
+    uintptr_t stream;
+    gm_mempool_id_t pool;
+    int failures;
+} pool_worker_t;
+
+static void *pool_worker_main(void *arg) {
+    pool_worker_t *w = arg;
+    uintptr_t live[16] = {0};
+    for (int i = 0; i < 4000; i++) {
+        int k = i % 16;
+        if (live[k] && gm_alloc_free(w->fx->a, live[k], 0) != GM_OK)
+            w->failures++;
+        live[k] = 0;
+        size_t size = (size_t)(1 + (i * 7919) % 3) * (k < 12 ? 4096 : 3 * MiB);
+        gm_mempool_id_t pool = w->pool;
+        if (!pool.first && !pool.second)
+            pool.second = atomic_load(&cycling_id);
+        int rc = (i & 1) ? gm_alloc_malloc_pool(w->fx->a, size, w->stream, 0, pool, &live[k], NULL)
+                         : gm_alloc_malloc(w->fx->a, size, w->stream, 0, &live[k], NULL);
+        if (rc != GM_OK)
+            w->failures++;
+    }
+    for (int k = 0; k < 16; k++)
+        if (live[k] && gm_alloc_free(w->fx->a, live[k], 0) != GM_OK)
+            w->failures++;
+    return NULL;
+}
+
+TEST(threads_privpool_routing_while_pools_come_and_go) {
+    fx_t fx;
+    REQUIRE(fx_open(&fx, NULL, NULL) == 0);
+    CHECK_EQ(gm_alloc_pool_create_or_incref(fx.a, P1), GM_OK);
+    pool_worker_t w[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+        gm_mempool_id_t none = {0, 0};
+        w[i] = (pool_worker_t){&fx, FX_STREAM(i + 1), i == 2 ? none : P1, 0};
+        REQUIRE(pthread_create(&t[i], NULL, pool_worker_main, &w[i]) == 0);
+    }
+    /* meanwhile pools are begun, ended, released and freed one after
+     * another: requests routed to one that is gone go to the default pools */
+    for (int i = 0; i < 200; i++) {
+        gm_mempool_id_t id = {0, atomic_load(&cycling_id)};
+        CHECK_EQ(gm_alloc_pool_begin(fx.a, id), GM_OK);
+        CHECK_EQ(gm_alloc_pool_end(fx.a, id), GM_OK);
+        CHECK_EQ(gm_alloc_pool_release(fx.a, id), GM_OK);
+        CHECK_EQ(gm_alloc_empty_cache_pool(fx.a, id, 0), GM_OK);
+        atomic_fetch_add(&cycling_id, 1);
+        if (i % 50 == 0)
+            CHECK_ALLOC(&fx);
+    }
+    for (int i = 0; i < 3; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_EQ(w[i].failures, 0);
+    }
+    CHECK_ALLOC(&fx);
+    CHECK_EQ(gm_alloc_pool_release(fx.a, P1), GM_OK);
+    CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), GM_OK);
+    CHECK_EQ(fx_reserved(&fx), 0);
+    fx_close(&fx);
+}
