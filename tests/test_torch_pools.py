@@ -298,3 +298,21 @@ def test_snapshot_with_private_pools_replays_and_views(tmp_path):
                               text=True, cwd=ROOT, timeout=300)
         assert proc.returncode == 0, (cmd, proc.stdout[-2000:], proc.stderr[-2000:])
     assert (tmp_path / "v.html").stat().st_size > 1000
+
+
+def test_out_of_memory_message_counts_private_pools_like_torch():
+    t, g = both('''
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.empty(300 * MiB, dtype=torch.uint8, device="cuda")
+        del a  # cached in the pool, which is still alive
+        keep = torch.empty(100 * MiB, dtype=torch.uint8, device="cuda")
+        try:
+            torch.empty(700 * MiB, dtype=torch.uint8, device="cuda")
+            msg = None
+        except torch.OutOfMemoryError as e:
+            msg = str(e).split(" If reserved")[0]
+        emit({"message": msg, "stats": stats()})
+    ''', memory="1GiB")
+    assert_same(t, g)
+    assert "allocated in private pools" in g["message"], g["message"]

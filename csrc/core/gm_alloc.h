@@ -97,6 +97,9 @@ typedef struct gm_oom_info {
     size_t allowed;          /* the memory limit, 0 when none (see has_limit) */
     int limit_hit;           /* refused by the limit, not the device */
     int has_limit;           /* a limit is in force (it may be 0 bytes) */
+    /* Bytes of the free blocks cached in private pools: what torch's message
+     * calls "allocated in private pools (e.g., CUDA Graphs)". */
+    size_t private_pool_cached;
 } gm_oom_info_t;
 
 /* Trace actions, in PyTorch's TraceEntry order. */

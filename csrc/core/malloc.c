@@ -94,6 +94,13 @@ static int alloc_found_block(gm_alloc_t *a, request_t *r, size_t orig_size, uint
     return GM_OK;
 }
 
+static size_t cached_bytes(const gm_pool_t *pool) {
+    size_t n = 0;
+    for (gm_tree_node_t *x = gm_tree_first(&pool->blocks); x; x = gm_tree_next(x))
+        n += gm_block_of(x)->size;
+    return n;
+}
+
 static void fill_oom(gm_alloc_t *a, const request_t *r, size_t orig, size_t dev_free,
                      size_t dev_total, gm_oom_info_t *oom) {
     memset(oom, 0, sizeof *oom);
@@ -108,6 +115,8 @@ static void fill_oom(gm_alloc_t *a, const request_t *r, size_t orig, size_t dev_
     oom->allowed = a->set_fraction ? a->allowed_memory_maximum : 0;
     oom->has_limit = a->set_fraction;
     oom->limit_hit = r->limit_hit;
+    for (gm_private_pool_t *p = a->private_pools; p; p = p->next)
+        oom->private_pool_cached += cached_bytes(&p->small) + cached_bytes(&p->large);
 }
 
 /* Poll the events; with caching off, what their completion freed goes
