@@ -422,8 +422,8 @@ def _cuda_memory_snapshot(arg: Any = None) -> dict:
     if arg is None:
         return snap
     pool = tuple(arg[:2])
-    if pool != (0, 0):
-        snap["segments"] = []  # gpumem has no private pools
+    if pool != (0, 0):  # only that private pool's segments, as torch
+        snap["segments"] = [s for s in snap["segments"] if tuple(s["segment_pool_id"]) == pool]
     if len(arg) > 2 and not arg[2]:
         snap["device_traces"] = [[] for _ in snap["device_traces"]]
     return snap

@@ -128,12 +128,18 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 
 def memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list:
-    """torch.cuda.memory_snapshot: the segment list of gpumem's snapshot (all devices)."""
+    """torch.cuda.memory_snapshot: the segment list of gpumem's snapshot (all devices).
+
+    With a ``mempool_id`` other than (0, 0) (torch.cuda.MemPool.snapshot()),
+    only the segments of that private pool, as torch returns them.
+    """
     _shim()
     from gpumem.history import snapshot
-    if mempool_id is not None and tuple(mempool_id) != (0, 0):
-        return []  # gpumem has no private pools
-    return snapshot()["segments"]
+    segments = snapshot()["segments"]
+    if mempool_id is None or tuple(mempool_id) == (0, 0):
+        return segments
+    want = tuple(mempool_id)
+    return [s for s in segments if tuple(s["segment_pool_id"]) == want]
 
 
 def _memory_metadata_supported() -> bool:

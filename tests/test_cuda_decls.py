@@ -35,7 +35,7 @@ TYPES = ("CUresult", "CUdevice", "CUdeviceptr", "CUmemGenericAllocationHandle", 
          "CUstream", "CUevent", "CUdevice_attribute", "CUmemAllocationType",
          "CUmemAllocationHandleType", "CUmemLocationType", "CUmemAccess_flags",
          "CUmemAllocationGranularity_flags", "CUmemLocation", "CUmemAllocationProp",
-         "CUmemAccessDesc")
+         "CUmemAccessDesc", "CUstreamCaptureMode")
 FIELDS = (("CUmemLocation", "type"), ("CUmemLocation", "id"),
           ("CUmemAllocationProp", "type"), ("CUmemAllocationProp", "requestedHandleTypes"),
           ("CUmemAllocationProp", "location"), ("CUmemAllocationProp", "win32HandleMetaData"),

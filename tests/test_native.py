@@ -115,8 +115,14 @@ STRESS_RUNS = {
         ("max-split-gc", ["--max-split", "48", "--gc", "0.7", "--seed", "3"], 1_000_000),
         ("max-split-gc-expandable",
          ["--max-split", "48", "--gc", "0.7", "--seed", "3", "--expandable"], 1_000_000),
+        ("pools", ["--pools", "--ops", "500000"], 500_000),
+        ("pools-expandable", ["--pools", "--expandable", "--ops", "500000", "--seed", "2"], 500_000),
+        ("pools-max-split-gc",
+         ["--pools", "--max-split", "48", "--gc", "0.7", "--seed", "3", "--ops", "300000"],
+         300_000),
     ],
     "sanitize": [
+        ("pools", ["--pools", "--ops", "200000"], 200_000),
         ("segments", [], 1_000_000),
         ("expandable", ["--expandable"], 1_000_000),
         ("host", ["--host", "--ops", "200000"], 200_000),
@@ -127,6 +133,7 @@ STRESS_RUNS = {
     "debug3": [
         ("segments", ["--ops", "100000", "--seed", "11"], 100_000),
         ("expandable", ["--ops", "100000", "--seed", "11", "--expandable"], 100_000),
+        ("pools", ["--pools", "--ops", "50000", "--seed", "5"], 50_000),
     ],
 }
 # The same on the CUDA backend over the fake driver. Its memory is real host
@@ -144,6 +151,8 @@ STRESS_RUNS_CUDA = {
         ("max-split-gc-expandable",
          ["--max-split", "48", "--gc", "0.7", "--seed", "3", "--expandable", "--ops", "300000"],
          300_000),
+        ("pools-host-expandable",
+         ["--pools", "--host", "--expandable", "--ops", "200000", "--seed", "4"], 200_000),
     ],
     "sanitize": [
         ("segments", ["--ops", "200000"], 200_000),

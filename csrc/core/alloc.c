@@ -13,6 +13,7 @@
 #include "events.h"
 #include "expandable.h"
 #include "pool.h"
+#include "privpool.h"
 #include "stats.h"
 #include "walk.h"
 
@@ -73,6 +74,7 @@ static void release_everything(gm_alloc_t *a) {
         free(l.v);
     }
     gm_expandable_destroy_unlocked(a);
+    gm_privpool_destroy_unlocked(a);
 }
 
 void gm_alloc_destroy(gm_alloc_t *a) {

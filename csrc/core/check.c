@@ -78,13 +78,55 @@ static void check_block(checker_t *c, gm_alloc_t *a, gm_block_t *b) {
     }
 }
 
+static int pool_trees_bad(const gm_pool_t *p) {
+    return gm_tree_check(&p->blocks) || gm_tree_check(&p->unmapped);
+}
+
+/* Each private pool: well-formed trees, its pools point back at it, a sane
+ * use count; the allocating count and the deferred blocks agree with the
+ * pools and the blocks (Note [Private pools]). */
+static void check_private_pools(checker_t *c, gm_alloc_t *a) {
+    int allocating = 0;
+    for (gm_private_pool_t *p = a->private_pools; p; p = p->next) {
+        if (pool_trees_bad(&p->small) || pool_trees_bad(&p->large))
+            violation(c, "ordered tree of a private pool is malformed", NULL);
+        if (p->small.owner != p || p->large.owner != p || !p->small.is_small || p->large.is_small)
+            violation(c, "private pool's pools do not point back at it", NULL);
+        if (p->use_count < 0 || gm_mempool_id_is_default(p->id))
+            violation(c, "private pool with a negative use count or the default id", NULL);
+        for (gm_private_pool_t *q = p->next; q; q = q->next)
+            if (gm_mempool_id_eq(p->id, q->id))
+                violation(c, "two private pools share an id", NULL);
+        allocating += p->allocating != 0;
+    }
+    if (allocating != a->n_allocating)
+        violation(c, "count of allocating pools disagrees with the pools", NULL);
+    for (size_t i = 0; i < a->events.n_deferred; i++) {
+        const gm_block_t *b = a->events.deferred[i];
+        if (b->allocated || !b->n_uses || b->in_tree != GM_IN_NONE)
+            violation(c, "deferred block is allocated, unused elsewhere or cached", b);
+    }
+}
+
+/* Each private pool's reserved bytes are the mapped bytes of its blocks. */
+static void check_pool_reserved(checker_t *c, gm_alloc_t *a, const gm_block_list_t *l) {
+    for (gm_private_pool_t *p = a->private_pools; p; p = p->next) {
+        int64_t mapped = 0;
+        for (size_t i = 0; i < l->n; i++)
+            if (l->v[i]->pool->owner == p && l->v[i]->mapped)
+                mapped += (int64_t)l->v[i]->size;
+        if (mapped != p->reserved)
+            violation(c, "private pool's reserved bytes disagree with its blocks", NULL);
+    }
+}
+
 int gm_check_unlocked(gm_alloc_t *a, char *msg, size_t msglen) {
     checker_t c = {0, msg, msglen};
     if (msg && msglen)
         msg[0] = 0;
-    if (gm_tree_check(&a->small_pool.blocks) || gm_tree_check(&a->large_pool.blocks) ||
-        gm_tree_check(&a->small_pool.unmapped) || gm_tree_check(&a->large_pool.unmapped))
+    if (pool_trees_bad(&a->small_pool) || pool_trees_bad(&a->large_pool))
         violation(&c, "ordered tree is malformed", NULL);
+    check_private_pools(&c, a);
     gm_block_list_t l;
     if (gm_walk_gather_unlocked(a, &l)) {
         violation(&c, "out of host memory while checking", NULL);
@@ -141,6 +183,7 @@ int gm_check_unlocked(gm_alloc_t *a, char *msg, size_t msglen) {
     if (want.oversize_allocations.current != a->stats.oversize_allocations.current ||
         want.oversize_segments.current != a->stats.oversize_segments.current)
         violation(&c, "oversize stats disagree with the blocks", NULL);
+    check_pool_reserved(&c, a, &l);
     long queued = 0;
     for (size_t i = 0; i < a->events.n_queues; i++)
         queued += (long)a->events.queues[i].len;

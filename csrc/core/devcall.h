@@ -30,9 +30,26 @@ static inline int gm_dev_mem_get_info(gm_alloc_t *a, size_t *free_bytes, size_t 
     return GM_DEV_CALL(a, mem_get_info, free_bytes, total);
 }
 
+/* While a private pool is allocating (a capture may be underway), device
+ * allocations run in relaxed capture mode (backend.h); 1 if the mode was
+ * switched and *saved holds the thread's previous one. */
+static inline int gm_dev_capture_relax(gm_alloc_t *a, int *saved) {
+    if (!a->n_allocating || !a->be->exchange_capture_mode)
+        return 0;
+    *saved = GM_CAPTURE_MODE_RELAXED;
+    return a->be->exchange_capture_mode(a->be->ctx, saved) == GM_OK;
+}
+
+static inline void gm_dev_capture_restore(gm_alloc_t *a, int relaxed, int saved) {
+    if (relaxed)
+        a->be->exchange_capture_mode(a->be->ctx, &saved);
+}
+
 static inline int gm_dev_seg_alloc(gm_alloc_t *a, size_t size, uintptr_t *ptr) {
     *ptr = 0;
+    int saved = 0, relaxed = gm_dev_capture_relax(a, &saved);
     int rc = GM_DEV_CALL(a, seg_alloc, size, ptr);
+    gm_dev_capture_restore(a, relaxed, saved);
     return rc == GM_OK && !*ptr ? GM_EDEVICE : rc;
 }
 
@@ -73,7 +90,10 @@ static inline int gm_dev_va_free(gm_alloc_t *a, uintptr_t va, size_t size) {
 }
 
 static inline int gm_dev_map(gm_alloc_t *a, uintptr_t va, size_t size) {
-    return GM_DEV_CALL(a, map, va, size);
+    int saved = 0, relaxed = gm_dev_capture_relax(a, &saved);
+    int rc = GM_DEV_CALL(a, map, va, size);
+    gm_dev_capture_restore(a, relaxed, saved);
+    return rc;
 }
 
 static inline int gm_dev_unmap(gm_alloc_t *a, uintptr_t va, size_t size) {

@@ -8,6 +8,11 @@
  * stream and FIFO, so one slow stream does not hold up the others; polling
  * stops at a stream's first incomplete event, as work on a stream completes
  * in order. Event handles come from the backend, created once and reused.
+ * While a private pool is allocating (a CUDA graph capture may be underway)
+ * events must be neither recorded nor queried: a freed block with stream
+ * uses waits in the deferred list, and its events are recorded at the next
+ * poll or wait after the last pool stopped allocating (torch's
+ * insert_events_deferred_until_no_capture; Note [Private pools]).
  * Everything here runs under the allocator lock.
  */
 #include "events.h"
@@ -134,6 +139,36 @@ int gm_events_insert_unlocked(gm_alloc_t *a, gm_block_t *b) {
     return first;
 }
 
+int gm_events_defer_unlocked(gm_alloc_t *a, gm_block_t *b) {
+    gm_events_t *e = &a->events;
+    if (e->n_deferred == e->cap_deferred) {
+        size_t cap = e->cap_deferred ? e->cap_deferred * 2 : 8;
+        gm_block_t **v = realloc(e->deferred, cap * sizeof *v);
+        if (!v)
+            return GM_ENOMEM;
+        e->deferred = v;
+        e->cap_deferred = cap;
+    }
+    e->deferred[e->n_deferred++] = b;
+    return GM_OK;
+}
+
+/* Record the events of every deferred block; one whose uses all ended
+ * without an event (the stream was waited for) returns to its pool. */
+static int insert_deferred(gm_alloc_t *a, uint32_t ctx) {
+    int first = GM_OK;
+    for (size_t i = 0; i < a->events.n_deferred; i++) {
+        gm_block_t *b = a->events.deferred[i];
+        int rc = gm_events_insert_unlocked(a, b);
+        if (rc != GM_OK && first == GM_OK)
+            first = rc;
+        if (gm_block_is_free(b))
+            gm_pool_return_unlocked(a, b, ctx);
+    }
+    a->events.n_deferred = 0;
+    return first;
+}
+
 static void event_done(gm_alloc_t *a, gm_event_item_t *it, uint32_t ctx) {
     event_put(a, it->event);
     gm_block_t *b = it->block;
@@ -142,6 +177,9 @@ static void event_done(gm_alloc_t *a, gm_event_item_t *it, uint32_t ctx) {
 }
 
 int gm_events_poll_unlocked(gm_alloc_t *a, uint32_t ctx) {
+    int rc0 = a->events.n_deferred ? insert_deferred(a, ctx) : GM_OK;
+    if (rc0)
+        return rc0;
     for (size_t i = 0; i < a->events.n_queues; i++) {
         gm_event_queue_t *q = &a->events.queues[i];
         while (q->len) {
@@ -161,6 +199,9 @@ int gm_events_poll_unlocked(gm_alloc_t *a, uint32_t ctx) {
 
 int gm_events_sync_all_unlocked(gm_alloc_t *a, uint32_t ctx) {
     gm_stats_sync_all_streams(a);
+    int rc0 = a->events.n_deferred ? insert_deferred(a, ctx) : GM_OK;
+    if (rc0)
+        return rc0;
     for (size_t i = 0; i < a->events.n_queues; i++) {
         gm_event_queue_t *q = &a->events.queues[i];
         while (q->len) {
@@ -193,5 +234,8 @@ void gm_events_destroy_unlocked(gm_alloc_t *a) {
         gm_dev_event_destroy(a, a->events.pool[i]);
     free(a->events.pool);
     a->events.pool = NULL;
+    free(a->events.deferred);
+    a->events.deferred = NULL;
+    a->events.n_deferred = a->events.cap_deferred = 0;
     a->events.n_pool = a->events.cap_pool = 0;
 }

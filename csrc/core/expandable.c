@@ -290,16 +290,22 @@ int gm_expandable_release_unlocked(gm_alloc_t *a, gm_block_t *b) {
     return GM_OK;
 }
 
+static void drop_blocks(gm_alloc_t *a, gm_pool_t *pool) {
+    gm_tree_node_t *n;
+    while ((n = gm_tree_first(&pool->blocks)) || (n = gm_tree_first(&pool->unmapped))) {
+        gm_pool_remove_unlocked(gm_block_of(n));
+        gm_block_delete_unlocked(a, gm_block_of(n));
+    }
+}
+
 /* Teardown: drop every block left in the trees, then unmap and free every
  * range still held. Only gm_alloc_destroy calls this. */
 void gm_expandable_destroy_unlocked(gm_alloc_t *a) {
-    gm_pool_t *pools[2] = {&a->small_pool, &a->large_pool};
-    for (int i = 0; i < 2; i++) {
-        gm_tree_node_t *n;
-        while ((n = gm_tree_first(&pools[i]->blocks)) || (n = gm_tree_first(&pools[i]->unmapped))) {
-            gm_pool_remove_unlocked(gm_block_of(n));
-            gm_block_delete_unlocked(a, gm_block_of(n));
-        }
+    drop_blocks(a, &a->small_pool);
+    drop_blocks(a, &a->large_pool);
+    for (gm_private_pool_t *p = a->private_pools; p; p = p->next) {
+        drop_blocks(a, &p->small);
+        drop_blocks(a, &p->large);
     }
     while (a->expsegs) {
         gm_expseg_t *es = a->expsegs;

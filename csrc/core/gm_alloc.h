@@ -97,6 +97,9 @@ typedef struct gm_oom_info {
     size_t allowed;          /* the memory limit, 0 when none (see has_limit) */
     int limit_hit;           /* refused by the limit, not the device */
     int has_limit;           /* a limit is in force (it may be 0 bytes) */
+    /* Bytes of the free blocks cached in private pools: what torch's message
+     * calls "allocated in private pools (e.g., CUDA Graphs)". */
+    size_t private_pool_cached;
 } gm_oom_info_t;
 
 /* Trace actions, in PyTorch's TraceEntry order. */
@@ -124,6 +127,20 @@ typedef void (*gm_trace_fn)(void *arg, int device, gm_action_t action, uintptr_t
 
 typedef struct gm_alloc gm_alloc_t;
 
+/* A private pool's id: torch's MempoolId_t (a pair of CaptureId_t). {0, 0}
+ * names the default pools; torch gives graph pools {n, 0} and user
+ * MemPools {0, n}. */
+typedef struct gm_mempool_id {
+    uint64_t first, second;
+} gm_mempool_id_t;
+
+static inline int gm_mempool_id_is_default(gm_mempool_id_t id) {
+    return id.first == 0 && id.second == 0;
+}
+static inline int gm_mempool_id_eq(gm_mempool_id_t x, gm_mempool_id_t y) {
+    return x.first == y.first && x.second == y.second;
+}
+
 int gm_alloc_create(const gm_backend_t *backend, int device, const gm_settings_t *settings,
                     gm_alloc_t **out);
 /* Returns every segment to the backend and frees the allocator. Live
@@ -136,6 +153,12 @@ const char *gm_alloc_last_error(const gm_alloc_t *a);
 
 int gm_alloc_malloc(gm_alloc_t *a, size_t size, uintptr_t stream, uint32_t ctx,
                     uintptr_t *out_ptr, gm_oom_info_t *oom /* may be NULL */);
+/* The same, served from private pool `pool` (torch's routing while the pool
+ * is allocating: the caller evaluated the pool's filter). A pool that no
+ * longer exists (released and freed meanwhile) sends the request to the
+ * default pools. */
+int gm_alloc_malloc_pool(gm_alloc_t *a, size_t size, uintptr_t stream, uint32_t ctx,
+                         gm_mempool_id_t pool, uintptr_t *out_ptr, gm_oom_info_t *oom);
 int gm_alloc_free(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx);
 /* Size of the live block holding ptr (exact start address). */
 int gm_alloc_block_size(gm_alloc_t *a, uintptr_t ptr, size_t *size, size_t *requested,
@@ -150,6 +173,31 @@ int gm_alloc_process_events(gm_alloc_t *a, uint32_t ctx);
 /* Wait for all events, then return every wholly free segment (and every
  * wholly free granule of expandable segments) to the device. */
 int gm_alloc_empty_cache(gm_alloc_t *a, uint32_t ctx);
+
+/* ---- private pools (torch's PrivatePool; privpool.c) ----
+ * All return GM_EINVAL for the id {0, 0}. */
+/* createOrIncrefPool: a new pool with use count 1, or one more use of a
+ * live one; GM_ESTATE for a pool already released (use count 0). */
+int gm_alloc_pool_create_or_incref(gm_alloc_t *a, gm_mempool_id_t id);
+/* beginAllocateToPool: create_or_incref, then mark the pool allocating
+ * (GM_ESTATE if it already is). While any pool is allocating, events are
+ * neither polled nor recorded, and the out-of-memory path does not release
+ * the default pools (torch's captures_underway). */
+int gm_alloc_pool_begin(gm_alloc_t *a, gm_mempool_id_t id);
+/* endAllocateToPool: GM_ENOTFOUND if the pool is not allocating. */
+int gm_alloc_pool_end(gm_alloc_t *a, gm_mempool_id_t id);
+/* releasePool: one use less; at 0 the pool becomes freeable: its cached
+ * segments go back on the next empty_cache (of all pools, or of this one)
+ * or out-of-memory retry, and the pool disappears once it holds no memory.
+ * GM_ENOTFOUND for an unknown pool, GM_ESTATE if already at 0. */
+int gm_alloc_pool_release(gm_alloc_t *a, gm_mempool_id_t id);
+/* getPoolUseCount: GM_ENOTFOUND for an unknown pool. */
+int gm_alloc_pool_use_count(gm_alloc_t *a, gm_mempool_id_t id, int *out);
+/* emptyCache(mempool_id): {0, 0} is gm_alloc_empty_cache; another id frees
+ * that pool's cached segments if the pool is freeable, else nothing. */
+int gm_alloc_empty_cache_pool(gm_alloc_t *a, gm_mempool_id_t id, uint32_t ctx);
+/* 1 while some private pool is allocating (torch's captures_underway). */
+int gm_alloc_pool_any_allocating(gm_alloc_t *a);
 
 /* Limit like torch's set_per_process_memory_fraction: fraction x device
  * total bytes (0 allowed: nothing can be reserved); 1.0 removes the limit. */
@@ -195,6 +243,7 @@ typedef struct gm_segment_info {
     int is_small;
     int is_expandable;
     uint32_t ctx; /* context of the malloc that created the segment */
+    gm_mempool_id_t pool_id; /* {0, 0}: the default pools */
     size_t nblocks;
     const gm_block_info_t *blocks; /* valid only during the callback */
 } gm_segment_info_t;
@@ -205,6 +254,10 @@ typedef struct gm_segment_info {
  * into the allocator. */
 typedef int (*gm_segment_fn)(void *arg, const gm_segment_info_t *seg);
 int gm_alloc_walk(gm_alloc_t *a, gm_segment_fn fn, void *arg);
+/* The same for the segments of one private pool (torch's
+ * snapshot(mempool_id)); {0, 0} walks everything. An unknown pool has no
+ * segments. */
+int gm_alloc_walk_pool(gm_alloc_t *a, gm_mempool_id_t pool, gm_segment_fn fn, void *arg);
 
 /* ---- checking ---- */
 /* Walks every structure and returns the number of violations found (0 when

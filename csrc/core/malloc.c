@@ -20,6 +20,7 @@
 #include "events.h"
 #include "expandable.h"
 #include "pool.h"
+#include "privpool.h"
 #include "release.h"
 #include "segment.h"
 #include "sizes.h"
@@ -93,6 +94,13 @@ static int alloc_found_block(gm_alloc_t *a, request_t *r, size_t orig_size, uint
     return GM_OK;
 }
 
+static size_t cached_bytes(const gm_pool_t *pool) {
+    size_t n = 0;
+    for (gm_tree_node_t *x = gm_tree_first(&pool->blocks); x; x = gm_tree_next(x))
+        n += gm_block_of(x)->size;
+    return n;
+}
+
 static void fill_oom(gm_alloc_t *a, const request_t *r, size_t orig, size_t dev_free,
                      size_t dev_total, gm_oom_info_t *oom) {
     memset(oom, 0, sizeof *oom);
@@ -107,6 +115,8 @@ static void fill_oom(gm_alloc_t *a, const request_t *r, size_t orig, size_t dev_
     oom->allowed = a->set_fraction ? a->allowed_memory_maximum : 0;
     oom->has_limit = a->set_fraction;
     oom->limit_hit = r->limit_hit;
+    for (gm_private_pool_t *p = a->private_pools; p; p = p->next)
+        oom->private_pool_cached += cached_bytes(&p->small) + cached_bytes(&p->large);
 }
 
 /* Poll the events; with caching off, what their completion freed goes
@@ -132,15 +142,28 @@ static int find_or_make(gm_alloc_t *a, request_t *r, uint32_t ctx) {
     int found = alloc_block(a, r, 0, ctx);
     if (found == 0 && gm_release_oversize_unlocked(a, r->pool, r->stream, r->size, ctx))
         found = alloc_block(a, r, 0, ctx);
-    if (found == 0) {
+    if (found == 0 && !a->n_allocating) { /* torch: not while capturing */
         int rc = gm_release_all_unlocked(a, ctx);
         found = rc == GM_OK ? alloc_block(a, r, 1, ctx) : rc;
     }
     return found;
 }
 
-int gm_alloc_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t ctx,
-                    uintptr_t *out_ptr, gm_oom_info_t *oom) {
+/* The pool a request is served from: the default pool of its size class,
+ * or the private pool it was routed to (Note [Private pools]). */
+static gm_pool_t *request_pool(gm_alloc_t *a, size_t rounded, const gm_mempool_id_t *id) {
+    gm_private_pool_t *p = id ? gm_privpool_find_unlocked(a, *id) : NULL;
+    if (!p)
+        return gm_pool_for_size(a, rounded);
+    return gm_sizes_is_small(rounded) ? &p->small : &p->large;
+}
+
+/* Shared by both entry points; the compiler keeps one copy, where the
+ * default path pays one predictable test of pool_id (inlining it into both
+ * measured slower: benchmarks/core_alloc.py). */
+static inline int do_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t ctx,
+                            const gm_mempool_id_t *pool_id, uintptr_t *out_ptr,
+                            gm_oom_info_t *oom) {
     if (!out_ptr)
         return GM_EINVAL;
     *out_ptr = 0;
@@ -149,7 +172,9 @@ int gm_alloc_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t 
     if (orig_size > GM_MAX_REQUEST)
         return GM_EINVAL;
     gm_lock(a);
-    int rc = process_events(a, ctx);
+    /* No event may be queried while a private pool is allocating (a CUDA
+     * graph may be capturing); the one extra branch of the fast path. */
+    int rc = a->n_allocating ? GM_OK : process_events(a, ctx);
     if (rc == GM_OK && gm_ptrmap_reserve(&a->active, 1))
         rc = GM_ENOMEM;
     if (rc) {
@@ -159,7 +184,7 @@ int gm_alloc_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t 
     request_t r;
     memset(&r, 0, sizeof r);
     r.size = gm_sizes_round(&a->settings, orig_size);
-    r.pool = gm_pool_for_size(a, r.size);
+    r.pool = pool_id ? request_pool(a, r.size, pool_id) : gm_pool_for_size(a, r.size);
     r.alloc_size = gm_sizes_segment(r.size);
     r.stream = stream;
 
@@ -185,14 +210,32 @@ int gm_alloc_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, uint32_t 
     return rc;
 }
 
+int gm_alloc_malloc(gm_alloc_t *a, size_t size, uintptr_t stream, uint32_t ctx,
+                    uintptr_t *out_ptr, gm_oom_info_t *oom) {
+    return do_malloc(a, size, stream, ctx, NULL, out_ptr, oom);
+}
+
+int gm_alloc_malloc_pool(gm_alloc_t *a, size_t size, uintptr_t stream, uint32_t ctx,
+                         gm_mempool_id_t pool, uintptr_t *out_ptr, gm_oom_info_t *oom) {
+    return do_malloc(a, size, stream, ctx, gm_mempool_id_is_default(pool) ? NULL : &pool,
+                     out_ptr, oom);
+}
+
+static int lies_in_free_block(const gm_pool_t *pool, uintptr_t ptr) {
+    for (gm_tree_node_t *n = gm_tree_first(&pool->blocks); n; n = gm_tree_next(n))
+        if (ptr >= gm_block_of(n)->ptr && ptr < gm_block_of(n)->ptr + gm_block_of(n)->size)
+            return 1;
+    return 0;
+}
+
 /* Why a pointer is not live: freed already (it lies in free memory) or
  * never ours. */
 static int classify_unknown(gm_alloc_t *a, uintptr_t ptr) {
-    gm_pool_t *pools[2] = {&a->small_pool, &a->large_pool};
-    for (int i = 0; i < 2; i++)
-        for (gm_tree_node_t *n = gm_tree_first(&pools[i]->blocks); n; n = gm_tree_next(n))
-            if (ptr >= gm_block_of(n)->ptr && ptr < gm_block_of(n)->ptr + gm_block_of(n)->size)
-                return GM_EDOUBLEFREE;
+    if (lies_in_free_block(&a->small_pool, ptr) || lies_in_free_block(&a->large_pool, ptr))
+        return GM_EDOUBLEFREE;
+    for (gm_private_pool_t *p = a->private_pools; p; p = p->next)
+        if (lies_in_free_block(&p->small, ptr) || lies_in_free_block(&p->large, ptr))
+            return GM_EDOUBLEFREE;
     return GM_ENOTFOUND;
 }
 
@@ -224,8 +267,8 @@ int gm_alloc_free(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx) {
     gm_trace_unlocked(a, GM_ACT_FREE_REQUESTED, b->ptr, b->requested_size, b->stream,
                       ctx ? ctx : b->ctx);
     int rc = GM_OK;
-    if (b->n_uses)
-        rc = gm_events_insert_unlocked(a, b);
+    if (b->n_uses) /* no event is recorded while a pool is allocating */
+        rc = a->n_allocating ? gm_events_defer_unlocked(a, b) : gm_events_insert_unlocked(a, b);
     if (gm_block_is_free(b)) {
         gm_pool_return_unlocked(a, b, ctx);
         if (a->uncached && rc == GM_OK) /* tested here: no call per cached free */
@@ -273,7 +316,7 @@ int gm_alloc_annotate(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx) {
 
 int gm_alloc_process_events(gm_alloc_t *a, uint32_t ctx) {
     gm_lock(a);
-    int rc = process_events(a, ctx);
+    int rc = a->n_allocating ? GM_OK : process_events(a, ctx);
     gm_unlock(a);
     return rc;
 }
@@ -281,6 +324,23 @@ int gm_alloc_process_events(gm_alloc_t *a, uint32_t ctx) {
 int gm_alloc_empty_cache(gm_alloc_t *a, uint32_t ctx) {
     gm_lock(a);
     int rc = gm_release_all_unlocked(a, ctx);
+    GM_DEEP_CHECK(a);
+    gm_unlock(a);
+    return rc;
+}
+
+int gm_alloc_empty_cache_pool(gm_alloc_t *a, gm_mempool_id_t id, uint32_t ctx) {
+    if (gm_mempool_id_is_default(id))
+        return gm_alloc_empty_cache(a, ctx);
+    gm_lock(a);
+    gm_private_pool_t *p = gm_privpool_find_unlocked(a, id);
+    int rc = GM_OK;
+    if (p && p->use_count == 0) { /* torch: only a freeable pool gives memory back */
+        if (!a->n_allocating)
+            rc = gm_events_sync_all_unlocked(a, ctx);
+        if (rc == GM_OK)
+            rc = gm_release_freeable_pools_unlocked(a, p, ctx);
+    }
     GM_DEEP_CHECK(a);
     gm_unlock(a);
     return rc;

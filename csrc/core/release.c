@@ -15,6 +15,7 @@
 #include "events.h"
 #include "expandable.h"
 #include "pool.h"
+#include "privpool.h"
 #include "segment.h"
 #include "sizes.h"
 
@@ -60,7 +61,7 @@ int gm_release_uncached_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
     return rc;
 }
 
-static int release_pool(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx) {
+int gm_release_pool_unlocked(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx) {
     int rc = GM_OK;
     size_t n_exp = 0;
     for (gm_tree_node_t *n = gm_tree_first(&pool->blocks); n;) {
@@ -92,13 +93,37 @@ static int release_pool(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx) {
 }
 
 int gm_release_free_unlocked(gm_alloc_t *a, uint32_t ctx) {
-    int rc = release_pool(a, &a->large_pool, ctx);
-    return rc ? rc : release_pool(a, &a->small_pool, ctx);
+    int rc = gm_release_pool_unlocked(a, &a->large_pool, ctx);
+    return rc ? rc : gm_release_pool_unlocked(a, &a->small_pool, ctx);
 }
 
+/* torch's release_cached_blocks({0, 0}): the default pools only while no
+ * private pool is allocating (waiting for events is not allowed during a
+ * capture), then every freeable private pool (Note [Private pools]). */
 int gm_release_all_unlocked(gm_alloc_t *a, uint32_t ctx) {
-    int rc = gm_events_sync_all_unlocked(a, ctx);
-    return rc ? rc : gm_release_free_unlocked(a, ctx);
+    if (!a->n_allocating) {
+        int rc = gm_events_sync_all_unlocked(a, ctx);
+        if (rc == GM_OK)
+            rc = gm_release_free_unlocked(a, ctx);
+        if (rc)
+            return rc;
+    }
+    return a->private_pools ? gm_release_freeable_pools_unlocked(a, NULL, ctx) : GM_OK;
+}
+
+int gm_release_freeable_pools_unlocked(gm_alloc_t *a, gm_private_pool_t *only, uint32_t ctx) {
+    for (gm_private_pool_t *p = a->private_pools, *next; p; p = next) {
+        next = p->next;
+        if (p->use_count != 0 || (only && p != only))
+            continue;
+        int rc = gm_release_pool_unlocked(a, &p->large, ctx);
+        if (rc == GM_OK)
+            rc = gm_release_pool_unlocked(a, &p->small, ctx);
+        if (rc)
+            return rc;
+        gm_privpool_delete_if_done_unlocked(a, p);
+    }
+    return GM_OK;
 }
 
 void gm_release_gc_unlocked(gm_alloc_t *a, uint32_t ctx) {

@@ -15,6 +15,8 @@ void gm_stats_segment_mapped(gm_alloc_t *a, const gm_pool_t *pool, size_t bytes,
     gm_stats_t *st = &a->stats;
     int t = gm_pool_stat_type(pool);
     gm_stat_fam_inc(st->reserved_bytes, t, (int64_t)bytes);
+    if (pool->owner) /* what a private pool holds decides when it may go */
+        pool->owner->reserved += (int64_t)bytes;
     st->num_device_alloc++;
     if (facts) { /* expandable segments are left out of segment.*, as in torch */
         gm_stat_fam_inc(st->segment, t, 1);
@@ -28,6 +30,8 @@ void gm_stats_segment_unmapped(gm_alloc_t *a, const gm_pool_t *pool, size_t byte
     gm_stats_t *st = &a->stats;
     int t = gm_pool_stat_type(pool);
     gm_stat_fam_dec(st->reserved_bytes, t, (int64_t)bytes);
+    if (pool->owner)
+        pool->owner->reserved -= (int64_t)bytes;
     st->num_device_free++;
     if (facts) {
         gm_stat_fam_dec(st->segment, t, 1);

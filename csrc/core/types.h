@@ -31,6 +31,7 @@
 
 struct gm_pool;
 struct gm_expseg;
+struct gm_private_pool;
 
 /* What a segment knows about itself; held by its first block and handed on
  * when another block becomes first (block.c). */
@@ -69,7 +70,22 @@ typedef struct gm_pool {
     gm_tree_t unmapped; /* unmapped expandable ranges: (stream, ptr) */
     int is_small;       /* immutable after init */
     int64_t get_free_blocks_call_count; /* the garbage collector's clock */
+    /* The private pool this pool belongs to, NULL for the default pools;
+     * immutable after init. A block's pool is set when the block is made
+     * and never changes, so it classifies the block (and its segment) for
+     * good: Note [Private pools] in privpool.c. */
+    struct gm_private_pool *owner;
 } gm_pool_t;
+
+/* A private memory pool (torch's PrivatePool: CUDA graphs, MemPool). */
+typedef struct gm_private_pool {
+    gm_mempool_id_t id;      /* immutable after creation; never {0, 0} */
+    int use_count;           /* createOrIncref / release; 0: freeable */
+    int allocating;          /* between begin and end (captures_underway) */
+    int64_t reserved;        /* mapped bytes of its segments; changed only by stats.c */
+    gm_pool_t small, large;
+    struct gm_private_pool *next;
+} gm_private_pool_t;
 
 /* One reserved virtual range of an expandable segment. */
 typedef struct gm_expseg {
@@ -102,6 +118,10 @@ typedef struct gm_events {
     long n_stuck;          /* uses that could be neither recorded nor waited for */
     uintptr_t *pool;       /* created events ready for reuse */
     size_t n_pool, cap_pool;
+    /* Freed blocks whose stream uses wait for the end of all captures
+     * (torch's insert_events_deferred_until_no_capture). */
+    gm_block_t **deferred;
+    size_t n_deferred, cap_deferred;
 } gm_events_t;
 
 struct gm_alloc {
@@ -125,6 +145,12 @@ struct gm_alloc {
 
     gm_trace_fn trace_fn;
     void *trace_arg;
+
+    /* Last, so that the fields of the fast path keep their places. */
+    gm_private_pool_t *private_pools; /* list, newest first (privpool.c) */
+    /* Private pools between begin and end; 0 on the fast path, where it is
+     * the one extra branch (Note [Private pools]). */
+    int n_allocating;
 };
 
 static inline void gm_lock(gm_alloc_t *a) { pthread_mutex_lock(&a->lock); }

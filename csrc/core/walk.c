@@ -12,23 +12,34 @@
 #include <string.h>
 
 #include "block.h"
+#include "privpool.h"
 
 static void add_tree(gm_block_list_t *l, const gm_tree_t *t) {
     for (gm_tree_node_t *n = gm_tree_first(t); n; n = gm_tree_next(n))
         l->v[l->n++] = gm_block_of(n);
 }
 
+static size_t pool_count(const gm_pool_t *p) { return p->blocks.count + p->unmapped.count; }
+
+static void add_pool(gm_block_list_t *l, const gm_pool_t *p) {
+    add_tree(l, &p->blocks);
+    add_tree(l, &p->unmapped);
+}
+
 int gm_walk_gather_unlocked(gm_alloc_t *a, gm_block_list_t *l) {
-    size_t total = a->small_pool.blocks.count + a->small_pool.unmapped.count +
-                   a->large_pool.blocks.count + a->large_pool.unmapped.count + a->active.count;
+    size_t total = pool_count(&a->small_pool) + pool_count(&a->large_pool) + a->active.count;
+    for (gm_private_pool_t *p = a->private_pools; p; p = p->next)
+        total += pool_count(&p->small) + pool_count(&p->large);
     l->n = 0;
     l->v = malloc((total + 1) * sizeof *l->v);
     if (!l->v)
         return GM_ENOMEM;
-    add_tree(l, &a->small_pool.blocks);
-    add_tree(l, &a->small_pool.unmapped);
-    add_tree(l, &a->large_pool.blocks);
-    add_tree(l, &a->large_pool.unmapped);
+    add_pool(l, &a->small_pool);
+    add_pool(l, &a->large_pool);
+    for (gm_private_pool_t *p = a->private_pools; p; p = p->next) {
+        add_pool(l, &p->small);
+        add_pool(l, &p->large);
+    }
     for (size_t i = 0; i <= a->active.mask; i++)
         if (a->active.slots[i].key)
             l->v[l->n++] = (gm_block_t *)a->active.slots[i].value;
@@ -42,7 +53,8 @@ static int by_ptr(const void *x, const void *y) {
 
 void gm_walk_sort_by_ptr(gm_block_t **v, size_t n) { qsort(v, n, sizeof *v, by_ptr); }
 
-int gm_alloc_walk(gm_alloc_t *a, gm_segment_fn fn, void *arg) {
+/* Every segment, or those of one private pool (filter non-NULL). */
+static int walk(gm_alloc_t *a, const gm_mempool_id_t *filter, gm_segment_fn fn, void *arg) {
     gm_lock(a);
     gm_block_list_t l;
     int rc = gm_walk_gather_unlocked(a, &l);
@@ -57,7 +69,8 @@ int gm_alloc_walk(gm_alloc_t *a, gm_segment_fn fn, void *arg) {
     /* One segment per contiguous mapped range. */
     size_t nheads = 0;
     for (size_t i = 0; i < l.n; i++)
-        if (l.v[i]->mapped && !(l.v[i]->prev && l.v[i]->prev->mapped))
+        if (l.v[i]->mapped && !(l.v[i]->prev && l.v[i]->prev->mapped) &&
+            (!filter || gm_mempool_id_eq(gm_privpool_id_of(l.v[i]->pool), *filter)))
             l.v[nheads++] = l.v[i];
     gm_walk_sort_by_ptr(l.v, nheads);
     for (size_t h = 0; h < nheads && rc == 0; h++) {
@@ -69,6 +82,7 @@ int gm_alloc_walk(gm_alloc_t *a, gm_segment_fn fn, void *arg) {
         seg.is_small = head->pool->is_small;
         seg.is_expandable = head->expseg != NULL;
         seg.ctx = head->seg.ctx;
+        seg.pool_id = gm_privpool_id_of(head->pool);
         for (gm_block_t *b = head; b && b->mapped; b = b->next) {
             gm_block_info_t *bi = &infos[seg.nblocks++];
             bi->address = b->ptr;
@@ -91,4 +105,10 @@ int gm_alloc_walk(gm_alloc_t *a, gm_segment_fn fn, void *arg) {
     free(l.v);
     gm_unlock(a);
     return rc;
+}
+
+int gm_alloc_walk(gm_alloc_t *a, gm_segment_fn fn, void *arg) { return walk(a, NULL, fn, arg); }
+
+int gm_alloc_walk_pool(gm_alloc_t *a, gm_mempool_id_t pool, gm_segment_fn fn, void *arg) {
+    return walk(a, gm_mempool_id_is_default(pool) ? NULL : &pool, fn, arg);
 }

@@ -66,7 +66,19 @@ typedef struct gm_backend {
 
     /* Text of the last native error, or "" if none. */
     const char *(*last_error)(void *ctx);
+
+    /* Optional (NULL: not needed): exchange the calling thread's stream
+     * capture mode, as cuThreadExchangeStreamCaptureMode does (*mode in,
+     * the previous mode out; GM_CAPTURE_MODE_*). While a private pool is
+     * allocating, a CUDA graph may be capturing, and a device allocation
+     * in the default (global) mode would invalidate the capture: the core
+     * switches to relaxed around seg_alloc and map then, as torch's
+     * cudaMallocMaybeCapturing does. */
+    int (*exchange_capture_mode)(void *ctx, int *mode);
 } gm_backend_t;
+
+/* CUstreamCaptureMode's values. */
+enum { GM_CAPTURE_MODE_GLOBAL = 0, GM_CAPTURE_MODE_THREAD_LOCAL = 1, GM_CAPTURE_MODE_RELAXED = 2 };
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,9 @@
  * Rules it follows (CUDA driver API semantics):
  *   - The driver is dlopen'ed; every entry point is looked up by its
  *     versioned name (cuMemAlloc_v2, ...). cuGetProcAddress is not used.
+ *     cuThreadExchangeStreamCaptureMode is optional: without it the backend
+ *     leaves exchange_capture_mode NULL (device allocations during a CUDA
+ *     graph capture then fail as the driver says).
  *   - Work happens in the device's primary context (the one the CUDA
  *     runtime, and so torch, uses), retained once per device. A thread with
  *     no current context gets the primary context set, as the runtime would;
@@ -163,6 +166,17 @@ static int cu_seg_alloc(void *ctx, int device, size_t size, uintptr_t *out) {
     GM_CUDA_IN_CTX(c, device, do_alloc(c, size, out));
 }
 
+/* cuThreadExchangeStreamCaptureMode: per thread, no context needed. */
+static int cu_exchange_capture_mode(void *ctx, int *mode) {
+    gm_cuda_t *c = ctx;
+    CUstreamCaptureMode m = (CUstreamCaptureMode)*mode;
+    CUresult r = c->p_cuThreadExchangeStreamCaptureMode(&m);
+    if (r != CUDA_SUCCESS)
+        return gm_cuda_fail(c, "cuThreadExchangeStreamCaptureMode", r);
+    *mode = (int)m;
+    return GM_OK;
+}
+
 static int cu_seg_free(void *ctx, int device, uintptr_t ptr, size_t size) {
     gm_cuda_t *c = ctx;
     GM_CUDA_IN_CTX(c, device,
@@ -259,6 +273,9 @@ int gm_cuda_open(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
     }
     DRIVER_FUNCS(X)
 #undef X
+#define X(name) c->p_##name = (__typeof__(name) *)dlsym(lib, #name);
+    OPTIONAL_DRIVER_FUNCS(X)
+#undef X
     CUresult r = c->p_cuInit(0);
     const char *step = "cuInit";
     int n = 0;
@@ -283,6 +300,8 @@ int gm_cuda_open(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
     b->mem_get_info = cu_mem_get_info;
     b->seg_alloc = cu_seg_alloc;
     b->seg_free = cu_seg_free;
+    if (c->p_cuThreadExchangeStreamCaptureMode)
+        b->exchange_capture_mode = cu_exchange_capture_mode;
     b->event_create = cu_event_create;
     b->event_destroy = cu_event_destroy;
     b->event_record = cu_event_record;

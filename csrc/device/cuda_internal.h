@@ -64,12 +64,16 @@
     X(cuGetErrorName)                                                          \
     X(cuGetErrorString)
 
+/* Looked up too, but a driver without them still works (NULL then). */
+#define OPTIONAL_DRIVER_FUNCS(X) X(cuThreadExchangeStreamCaptureMode)
+
 struct gm_cuda {
     gm_backend_t backend; /* immutable after open */
     void *lib;            /* immutable after open */
     char path[512];       /* immutable after open */
 #define X(name) __typeof__(name) *p_##name;
     DRIVER_FUNCS(X) /* immutable after open */
+    OPTIONAL_DRIVER_FUNCS(X) /* immutable after open; may be NULL */
 #undef X
     pthread_mutex_t lock;
     int n_devices;                            /* immutable after open */

@@ -95,6 +95,7 @@ typedef struct gm_hist_segment {
     uint64_t address, total_size, allocated_size, active_size, requested_size, stream;
     uint32_t ctx; /* traceback of the malloc that created the segment */
     uint8_t is_small, is_expandable;
+    gm_mempool_id_t pool_id;     /* {0, 0}: the default pools */
     size_t first_block, nblocks; /* range in gm_hist_copy_t.blocks */
 } gm_hist_segment_t;
 

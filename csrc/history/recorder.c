@@ -314,6 +314,7 @@ static int walk_cb(void *arg, const gm_segment_info_t *seg) {
     s->ctx = seg->ctx;
     s->is_small = (uint8_t)seg->is_small;
     s->is_expandable = (uint8_t)seg->is_expandable;
+    s->pool_id = seg->pool_id;
     s->first_block = o->nblocks;
     s->nblocks = seg->nblocks;
     for (size_t i = 0; i < seg->nblocks; i++) {

@@ -108,6 +108,14 @@ static const gm_core_api_t core_api = {
     .block_size = gm_alloc_block_size,
     .settings_dict = gm_py_settings_to_dict,
     .annotate = gm_alloc_annotate,
+    .malloc_pool = gm_alloc_malloc_pool,
+    .pool_create_or_incref = gm_alloc_pool_create_or_incref,
+    .pool_begin = gm_alloc_pool_begin,
+    .pool_end = gm_alloc_pool_end,
+    .pool_release = gm_alloc_pool_release,
+    .pool_use_count = gm_alloc_pool_use_count,
+    .empty_cache_pool = gm_alloc_empty_cache_pool,
+    .walk_pool = gm_alloc_walk_pool,
 };
 
 int gm_py_core_api_init(PyObject *module) {

@@ -116,6 +116,17 @@ typedef struct gm_core_api {
     struct _object *(*settings_dict)(const gm_settings_t *s);
     /* An `annotate` event for the live allocation at ptr. */
     int (*annotate)(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx);
+
+    /* ---- appended: private pools (CUDA graphs, torch.cuda.MemPool) ---- */
+    int (*malloc_pool)(gm_alloc_t *a, size_t size, uintptr_t stream, uint32_t ctx,
+                       gm_mempool_id_t pool, uintptr_t *out_ptr, gm_oom_info_t *oom);
+    int (*pool_create_or_incref)(gm_alloc_t *a, gm_mempool_id_t id);
+    int (*pool_begin)(gm_alloc_t *a, gm_mempool_id_t id);
+    int (*pool_end)(gm_alloc_t *a, gm_mempool_id_t id);
+    int (*pool_release)(gm_alloc_t *a, gm_mempool_id_t id);
+    int (*pool_use_count)(gm_alloc_t *a, gm_mempool_id_t id, int *out);
+    int (*empty_cache_pool)(gm_alloc_t *a, gm_mempool_id_t id, uint32_t ctx);
+    int (*walk_pool)(gm_alloc_t *a, gm_mempool_id_t pool, gm_segment_fn fn, void *arg);
 } gm_core_api_t;
 
 /* gpumem._C only (core_api.c): publish the table as the capsule. */

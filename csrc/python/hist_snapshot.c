@@ -105,7 +105,8 @@ static PyObject *segment_dict(gm_frames_t *b, const gm_hist_copy_t *c, const gm_
                               .active_size = s->active_size,
                               .requested_size = s->requested_size, .stream = s->stream,
                               .is_small = s->is_small, .is_expandable = s->is_expandable,
-                              .ctx = s->ctx, .nblocks = s->nblocks};
+                              .ctx = s->ctx, .pool_id = s->pool_id,
+                              .nblocks = s->nblocks};
     return gm_py_segment_dict(s->device, &info, frames, blocks, b->clamp);
 }
 

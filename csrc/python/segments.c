@@ -3,8 +3,9 @@
  * once for Allocator.segments() and for history snapshots (hist_snapshot.c).
  *
  * Invariants: keys and their order are torch's; every key and the shared
- * values (state names, segment types, the pool id (0, 0)) are the same
- * interned objects in every dict, so a pickled snapshot memoizes them. An
+ * values (state names, segment types, the default pool id (0, 0)) are the
+ * same interned objects in every dict (a private pool's segment_pool_id is
+ * a tuple of its own), so a pickled snapshot memoizes them. An
  * inactive block keeps the requested_size of its last allocation (0 if it
  * never had one), as torch's does; an unknown block state reads as
  * inactive.
@@ -57,6 +58,16 @@ static int put_borrowed(PyObject *d, int k, PyObject *value) {
 
 PyObject *gm_py_default_pool_id(void) { return pool_id; }
 
+/* torch's segment_pool_id: (0, 0) for the default pools (the shared
+ * object), the private pool's id otherwise; a new reference. */
+static PyObject *segment_pool_id(const gm_mempool_id_t *id) {
+    if (gm_mempool_id_is_default(*id)) {
+        Py_INCREF(pool_id);
+        return pool_id;
+    }
+    return Py_BuildValue("(KK)", (unsigned long long)id->first, (unsigned long long)id->second);
+}
+
 PyObject *gm_py_block_dict(const gm_block_info_t *b, PyObject *frames, int clamp) {
     int state = b->state >= GM_BLOCK_INACTIVE && b->state <= GM_BLOCK_ACTIVE_PENDING_FREE
                     ? b->state
@@ -90,7 +101,7 @@ PyObject *gm_py_segment_dict(int device, const gm_segment_info_t *s, PyObject *f
         put(d, K_REQUESTED_SIZE, new_int(clamp, s->requested_size)) < 0 ||
         put(d, K_STREAM, new_int(clamp, s->stream)) < 0 ||
         put_borrowed(d, K_SEGMENT_TYPE, keys[s->is_small ? V_SMALL : V_LARGE]) < 0 ||
-        put_borrowed(d, K_SEGMENT_POOL_ID, pool_id) < 0 ||
+        put(d, K_SEGMENT_POOL_ID, segment_pool_id(&s->pool_id)) < 0 ||
         put_borrowed(d, K_IS_EXPANDABLE, s->is_expandable ? Py_True : Py_False) < 0 ||
         put_borrowed(d, K_FRAMES, frames) < 0) {
         Py_DECREF(blocks);

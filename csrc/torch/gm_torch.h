@@ -32,7 +32,9 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
+#include <unordered_set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -98,6 +100,18 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
   void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
+  int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
+  void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override;
+  void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
+                   bool use_on_oom) override;
+  void setNoSplit(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
+                                const std::unordered_set<void*>& expected_live_allocations) override;
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          c10::cuda::MempoolId_t id) override;
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> pps) override;
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
   void attachOomRejectionObserver(cca::OomRejectionObserver observer) override;
   std::string name() override;
@@ -120,6 +134,22 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   std::atomic<bool> caching_{true};
   std::mutex observers_mu_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_; /* protected by: observers_mu_ */
+
+  /* ---- private pools (gm_torch_pools.cpp, Note [Routing to private pools]) ---- */
+  struct pool_route {
+    c10::cuda::MempoolId_t id;
+    std::function<bool(cudaStream_t)> filter;
+  };
+  std::mutex routes_mu_;
+  std::vector<pool_route> routes_[kMaxDevices]; /* protected by: routes_mu_; begin order */
+  /* Routes on every device; read without the mutex on the malloc fast path. */
+  std::atomic<int> n_routes_{0};
+  /* The pool of the latest begun route whose filter accepts an allocation
+   * on `stream` (torch's LIFO search); false when none does. */
+  bool route(c10::DeviceIndex device, cudaStream_t stream, c10::cuda::MempoolId_t* id);
+ public:
+  /* 1 while some pool is being allocated to (the fast path's one test). */
+  bool routing() const { return n_routes_.load(std::memory_order_relaxed) != 0; }
 };
 
 /* ---- torch's allocator settings (gm_torch_config.cpp) ---- */

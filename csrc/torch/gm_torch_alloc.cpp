@@ -26,9 +26,8 @@
  *   core lock is held while the hook, the observers or the throw run. A
  *   request of an exabyte or more is refused before the core sees it, with
  *   torch's message and without counting an OOM, as torch does.
- * Limitations: CUDA-graph private pools are not supported; the OOM
- *   rejection observers are accepted but never called (gpumem never rejects
- *   an allocation before trying it).
+ * Limitations: the OOM rejection observers are accepted but never called
+ *   (gpumem never rejects an allocation before trying it).
  */
 #include "gm_torch.h"
 
@@ -247,7 +246,12 @@ void* GpumemAllocator::malloc_on(size_t size, c10::DeviceIndex device, cudaStrea
   uint32_t ctx = capture(GM_HIST_CTX_STATE);
   uintptr_t p = 0;
   gm_oom_info_t oom;
-  int rc = g_core->malloc(a, size, reinterpret_cast<uintptr_t>(stream), ctx, &p, &oom);
+  c10::cuda::MempoolId_t pool{0, 0};
+  /* Note [Routing to private pools]: one relaxed load when no pool is in use */
+  int rc = C10_UNLIKELY(routing()) && route(device, stream, &pool)
+               ? g_core->malloc_pool(a, size, reinterpret_cast<uintptr_t>(stream), ctx,
+                                     gm_mempool_id_t{pool.first, pool.second}, &p, &oom)
+               : g_core->malloc(a, size, reinterpret_cast<uintptr_t>(stream), ctx, &p, &oom);
   if (C10_LIKELY(rc == GM_OK)) {
     if (C10_UNLIKELY(c10::memoryProfilingEnabled()) && p) {
       size_t block = 0;
@@ -331,7 +335,7 @@ void GpumemAllocator::enable(bool value) {
 
 bool GpumemAllocator::isEnabled() const { return caching_.load(); }
 
-void GpumemAllocator::emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) {
+void GpumemAllocator::emptyCache(c10::cuda::MempoolId_t mempool_id) {
   /* torch synchronises (and counts a sync for) every device's allocator,
    * including one that has allocated nothing yet: the current device gets
    * its core now, so its first empty_cache is counted as torch counts it.
@@ -344,7 +348,10 @@ void GpumemAllocator::emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) {
     gm_alloc_t* a = existing_core(d);
     if (!a)
       continue;
-    int rc = g_core->empty_cache(a, ctx);
+    /* {0, 0}: the default pools and every freeable private pool; another
+     * id: that pool's cached memory if it is freeable (torch's
+     * release_cached_blocks) */
+    int rc = g_core->empty_cache_pool(a, gm_mempool_id_t{mempool_id.first, mempool_id.second}, ctx);
     TORCH_CHECK(rc == GM_OK, "gpumem: empty_cache on device ", d, " failed: ", core_error(a, rc));
   }
 }
@@ -366,18 +373,6 @@ void GpumemAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStrea
                                  reinterpret_cast<uintptr_t>(stream.stream()));
   TORCH_CHECK(rc == GM_OK, "gpumem: record_stream(", p, ") failed: ", core_error(a, rc));
 }
-
-void GpumemAllocator::beginAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t,
-                                          std::function<bool(cudaStream_t)>) {
-  TORCH_CHECK(false,
-              "gpumem does not support CUDA graph capture or private memory pools "
-              "(torch.cuda.graph, torch.cuda.MemPool, use_mem_pool) yet; run code that captures "
-              "CUDA graphs without gpumem.install()");
-}
-
-void GpumemAllocator::endAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t) {}
-
-void GpumemAllocator::releasePool(c10::DeviceIndex, c10::cuda::MempoolId_t) {}
 
 void GpumemAllocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
   std::lock_guard<std::mutex> guard(observers_mu_);

@@ -106,7 +106,9 @@ std::string why_ignored(const std::string& key, const std::string& value) {
   if (key == "release_lock_on_cudamalloc" || key == "release_lock_on_hipmalloc")
     return value == "True" ? "gpumem keeps its lock while the driver allocates" : "";
   if (key == "graph_capture_record_stream_reuse")
-    return value == "True" ? "gpumem does not support CUDA graph capture" : "";
+    return value == "True" ? "gpumem defers the reuse of memory freed with stream uses during a "
+                             "CUDA graph capture until the capture ends, as torch does without it"
+                           : "";
   if (key == "throw_on_cudamalloc_oom")
     return value == "True" ? "gpumem always asks the device before reporting out of memory" : "";
   if (key == "max_non_split_rounding_mb")

@@ -101,6 +101,7 @@ int copy_segment(void* arg, const gm_segment_info_t* seg) {
   s.stream = reinterpret_cast<void*>(seg->stream);
   s.is_large = !seg->is_small;
   s.is_expandable = seg->is_expandable != 0;
+  s.owner_private_pool_id = {seg->pool_id.first, seg->pool_id.second};
   for (size_t i = 0; i < seg->nblocks; i++) {
     const gm_block_info_t& b = seg->blocks[i];
     cca::BlockInfo bi;
@@ -119,12 +120,11 @@ int copy_segment(void* arg, const gm_segment_info_t* seg) {
 cca::SnapshotInfo GpumemAllocator::snapshot(c10::cuda::MempoolId_t mempool, bool) {
   cca::SnapshotInfo info;
   info.device_traces.resize(static_cast<size_t>(std::max(device_count(), 1)));
-  if (mempool.first != 0 || mempool.second != 0)
-    return info; /* gpumem has no private pools */
   for (int d = 0; d < kMaxDevices; d++) {
     if (gm_alloc_t* a = existing_core(d)) {
       segment_copy st{d, &info.segments};
-      g_core->walk(a, copy_segment, &st);
+      /* {0, 0}: every segment; another id: only that pool's, as torch */
+      g_core->walk_pool(a, gm_mempool_id_t{mempool.first, mempool.second}, copy_segment, &st);
     }
   }
   gm_settings_t s = settings();

@@ -8,8 +8,9 @@
  * PYTORCH_CUDA_ALLOC_CONF hint: gpumem takes its settings from that
  * variable, and scripts and tools parse this text. "<limit> allowed; " is
  * there exactly when a memory fraction below 1 is in force (even one of 0
- * bytes). The NVML process lines torch may add are not (gpumem does not
- * query NVML).
+ * bytes). Free blocks cached in private pools count as "allocated in
+ * private pools", as torch counts them. The NVML process lines torch may
+ * add are not (gpumem does not query NVML).
  * Must not: be called with a core lock held.
  */
 #include "gm_torch.h"
@@ -35,8 +36,13 @@ std::string oom_message(int device, const gm_oom_info_t& oom) {
                     " is free. ";
   if (oom.has_limit)
     msg += size_text(oom.allowed) + " allowed; ";
-  msg += "Of the allocated memory " + size_text(oom.allocated) +
-         " is allocated by PyTorch, and " + size_text(oom.reserved_unallocated) +
+  /* torch counts the free blocks cached in private pools as allocated */
+  size_t in_pools = oom.private_pool_cached;
+  msg += "Of the allocated memory " + size_text(oom.allocated + in_pools) +
+         " is allocated by PyTorch, ";
+  if (in_pools)
+    msg += "with " + size_text(in_pools) + " allocated in private pools (e.g., CUDA Graphs), ";
+  msg += "and " + size_text(oom.reserved_unallocated - in_pools) +
          " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large "
          "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
          "fragmentation.  See documentation for Memory Management  "

@@ -13,9 +13,16 @@
  * must list exactly the model's blocks. In --host mode allocations carry a
  * tag at their first, middle and last bytes, verified before each free.
  * An out-of-memory result must be justified by the limit or the device.
+ * With --pools, three private pools (torch's PrivatePool) are created,
+ * begun, ended and released at random; while one is allocating, half the
+ * mallocs are routed to it, and the walk must show every block in the pool
+ * it was allocated from. While a pool is allocating nothing is polled or
+ * synchronized (a capture may be underway), so the model completes nothing;
+ * live pools keep their cached segments through empty_cache.
  *
  * Usage: stress [--backend=sim|cuda] [--ops N] [--seed S] [--expandable] [--host]
  *               [--check-every N] [--max-split MiB] [--gc F] [--capacity MiB]
+ *               [--pools]
  * --backend=cuda (or GM_TEST_BACKEND=cuda) runs on the CUDA driver backend
  * over the fake libcuda at $GPUMEM_LIBCUDA (testdev.h); the fake's memory is
  * real host memory, so --host's pattern checks apply there too.
@@ -46,6 +53,27 @@ static long opt_check_every = 10;
 static size_t opt_max_split; /* 0 = unlimited */
 static double opt_gc;
 static size_t opt_capacity = 4096 * MiB;
+static int opt_pools;
+
+/* ---- the private pools' model ---- */
+#define NPOOLS 3
+typedef struct mpool {
+    gm_mempool_id_t id;
+    int use;        /* use count; 0: the slot is free (its last id freeable) */
+    int allocating; /* between begin and end */
+} mpool_t;
+static mpool_t mpools[NPOOLS];
+static uint64_t next_pool_id = 1;
+static int n_allocating; /* model's count of allocating pools */
+static long n_pool_ops, n_pool_mallocs;
+
+/* 1 if id names a pool some slot still holds (live, not freeable). */
+static int pool_is_live(gm_mempool_id_t id) {
+    for (int i = 0; i < NPOOLS; i++)
+        if (mpools[i].use && mpools[i].id.first == id.first && mpools[i].id.second == id.second)
+            return 1;
+    return 0;
+}
 
 /* ---- PRNG: xorshift64* ---- */
 static uint64_t rng_state;
@@ -72,6 +100,7 @@ typedef struct rec {
     int state;
     long syncs_at_free; /* tdev_sync_calls() when it became pending */
     int seen;           /* scratch for reconcile_pending */
+    gm_mempool_id_t pool; /* {0, 0}: the default pools */
 } rec_t;
 
 static rec_t *blocks; /* live and pending, sorted by ptr */
@@ -325,13 +354,17 @@ static int walk_cb(void *arg, const gm_segment_info_t *seg) {
         gmtest_fail(__FILE__, __LINE__, "walk: segment %#" PRIxPTR " out of order", seg->address);
     w->last_end = seg->address + seg->total_size;
     uintptr_t at = seg->address;
+    int is_private = seg->pool_id.first || seg->pool_id.second;
+    /* empty_cache leaves live private pools alone, and the default pools
+     * while a pool is allocating (the caller clears after_release then) */
+    int released = w->after_release && !(is_private && pool_is_live(seg->pool_id));
     for (size_t i = 0; i < seg->nblocks; i++) {
         const gm_block_info_t *b = &seg->blocks[i];
         if (b->address != at)
             gmtest_fail(__FILE__, __LINE__, "walk: gap or overlap at %#" PRIxPTR, b->address);
         at += b->size;
         if (b->state == GM_BLOCK_INACTIVE) {
-            if (w->after_release && opt_expandable) {
+            if (released && opt_expandable) {
                 size_t g = 2 * MiB;
                 uintptr_t lo = (b->address + g - 1) / g * g, hi = (b->address + b->size) / g * g;
                 if (lo < hi)
@@ -349,6 +382,12 @@ static int walk_cb(void *arg, const gm_segment_info_t *seg) {
                         b->address, b->size, b->state);
             continue;
         }
+        if (r->pool.first != seg->pool_id.first || r->pool.second != seg->pool_id.second)
+            gmtest_fail(__FILE__, __LINE__,
+                        "walk: block %#" PRIxPTR " of pool (%" PRIu64 ", %" PRIu64
+                        ") in a segment of pool (%" PRIu64 ", %" PRIu64 ")",
+                        b->address, r->pool.first, r->pool.second, seg->pool_id.first,
+                        seg->pool_id.second);
         if (want == LIVE)
             w->seen_live++;
         else
@@ -357,7 +396,7 @@ static int walk_cb(void *arg, const gm_segment_info_t *seg) {
     if (at != seg->address + seg->total_size)
         gmtest_fail(__FILE__, __LINE__, "walk: blocks do not tile segment %#" PRIxPTR,
                     seg->address);
-    if (w->after_release && !opt_expandable && seg->active_size == 0)
+    if (released && !opt_expandable && seg->active_size == 0)
         gmtest_fail(__FILE__, __LINE__, "walk: wholly free segment %#" PRIxPTR " not released",
                     seg->address);
     return 0;
@@ -371,7 +410,7 @@ static void full_check(int after_release) {
         gmtest_fail(__FILE__, __LINE__, "gm_alloc_check: %d violation(s): %s", v, msg);
     walk_state_t w;
     memset(&w, 0, sizeof w);
-    w.after_release = after_release;
+    w.after_release = after_release && !n_allocating;
     gm_alloc_walk(alloc, walk_cb, &w);
     if (w.seen_live != nlive || w.seen_pending != npending)
         gmtest_fail(__FILE__, __LINE__, "walk saw %zu live + %zu pending, model has %zu + %zu",
@@ -387,11 +426,22 @@ static void op_malloc(void) {
     gm_oom_info_t oom;
     memset(&oom, 0, sizeof oom);
     uintptr_t p = 0;
-    int rc = gm_alloc_malloc(alloc, req, stream, (uint32_t)(n_malloc & 0xffff), &p, &oom);
+    gm_mempool_id_t pool = {0, 0};
+    if (n_allocating && rnd_below(2)) { /* the shim's filter matched this pool */
+        int k = (int)rnd_below(NPOOLS);
+        while (!mpools[k].allocating)
+            k = (k + 1) % NPOOLS;
+        pool = mpools[k].id;
+        n_pool_mallocs++;
+    }
+    int rc = gm_alloc_malloc_pool(alloc, req, stream, (uint32_t)(n_malloc & 0xffff), pool, &p,
+                                  &oom);
     gm_stats_t after;
     gm_alloc_get_stats(alloc, &after);
-    /* The retry path synchronizes every event: pending blocks are free. */
-    if (after.num_alloc_retries != before.num_alloc_retries || after.num_ooms != before.num_ooms)
+    /* The retry path synchronizes every event: pending blocks are free
+     * (there is no retry while a pool is allocating). */
+    if (after.num_alloc_retries != before.num_alloc_retries ||
+        (after.num_ooms != before.num_ooms && !n_allocating))
         model_complete_pending();
     reconcile_pending(rc == 0);
     size_t r = round512(req);
@@ -422,7 +472,11 @@ static void op_malloc(void) {
                             limit, oom.allowed, oom.reserved, oom.alloc_size);
         } else {
             size_t need = opt_expandable ? round2m(r) : oom.alloc_size;
-            if (dfree >= need)
+            /* While a pool is allocating there is no retry after the
+             * oversize release, which may free some memory but not enough
+             * (torch's release_available_cached_blocks) */
+            int partial = n_allocating && after.num_device_free != before.num_device_free;
+            if (dfree >= need && !partial)
                 gmtest_fail(__FILE__, __LINE__,
                             "unjustified device oom: device free %zu, request needs %zu", dfree,
                             need);
@@ -452,7 +506,7 @@ static void op_malloc(void) {
         ok = size >= r && size <= r + GM_SMALL_SIZE;
     if (!ok)
         gmtest_fail(__FILE__, __LINE__, "malloc(%zu): block size %zu for rounded %zu", req, size, r);
-    rec_t rec = {p, size, req, stream, rnd(), 0, LIVE, 0, 0};
+    rec_t rec = {p, size, req, stream, rnd(), 0, LIVE, 0, 0, pool};
     if (opt_host)
         pattern_write(p, req, rec.tag);
     model_insert(&rec);
@@ -518,6 +572,12 @@ static void op_record_stream(void) {
 }
 
 static void op_complete_events(void) {
+    if (n_allocating)
+        return; /* nothing would be polled: leave the device's events be */
+    /* a poll first records the events of blocks freed while a pool was
+     * allocating; then every event completes */
+    if (gm_alloc_process_events(alloc, 0))
+        gmtest_fail(__FILE__, __LINE__, "process_events failed");
     tdev_complete_events(dev);
     int rc = gm_alloc_process_events(alloc, 0);
     if (rc)
@@ -554,8 +614,78 @@ static void op_empty_cache(void) {
     int rc = gm_alloc_empty_cache(alloc, 0);
     if (rc)
         gmtest_fail(__FILE__, __LINE__, "empty_cache = %d", rc);
-    model_complete_pending();
+    if (!n_allocating) /* no waiting for events while a pool is allocating */
+        model_complete_pending();
     full_check(1);
+}
+
+static void expect_rc(int rc, int want, const char *what) {
+    if (rc != want)
+        gmtest_fail(__FILE__, __LINE__, "%s = %d (%s), expected %d", what, rc, gm_strerror(rc),
+                    want);
+}
+
+/* One private-pool operation on a random slot: create or begin, end,
+ * release, or empty_cache of the pool (nothing to free while it is live). */
+static void op_pool(void) {
+    n_pool_ops++;
+    mpool_t *m = &mpools[rnd_below(NPOOLS)];
+    int use = 0;
+    switch (rnd_below(4)) {
+    case 0:
+        if (!m->use) {
+            m->id.first = 0;
+            m->id.second = next_pool_id++;
+        }
+        if (!m->allocating && rnd_below(2)) {
+            expect_rc(gm_alloc_pool_begin(alloc, m->id), GM_OK, "pool_begin");
+            m->allocating = 1;
+            n_allocating++;
+        } else {
+            expect_rc(gm_alloc_pool_create_or_incref(alloc, m->id), GM_OK, "create_or_incref");
+        }
+        m->use++;
+        break;
+    case 1:
+        if (!m->use)
+            return;
+        expect_rc(gm_alloc_pool_end(alloc, m->id), m->allocating ? GM_OK : GM_ENOTFOUND,
+                  "pool_end");
+        if (m->allocating) {
+            m->allocating = 0;
+            n_allocating--;
+        }
+        break;
+    case 2:
+        if (!m->use || m->allocating)
+            return;
+        expect_rc(gm_alloc_pool_release(alloc, m->id), GM_OK, "pool_release");
+        m->use--;
+        break;
+    default:
+        if (!m->use)
+            return;
+        expect_rc(gm_alloc_empty_cache_pool(alloc, m->id, 0), GM_OK, "empty_cache_pool");
+        break;
+    }
+    if (m->use) {
+        expect_rc(gm_alloc_pool_use_count(alloc, m->id, &use), GM_OK, "pool_use_count");
+        if (use != m->use)
+            gmtest_fail(__FILE__, __LINE__, "pool use count %d, model %d", use, m->use);
+    }
+}
+
+/* End and release every pool, so that the final empty_cache frees all. */
+static void release_pools(void) {
+    for (int i = 0; i < NPOOLS; i++) {
+        mpool_t *m = &mpools[i];
+        if (m->allocating)
+            expect_rc(gm_alloc_pool_end(alloc, m->id), GM_OK, "pool_end");
+        for (; m->use > 0; m->use--)
+            expect_rc(gm_alloc_pool_release(alloc, m->id), GM_OK, "pool_release");
+        m->allocating = 0;
+    }
+    n_allocating = 0;
 }
 
 static void op_limit(void) {
@@ -603,6 +733,10 @@ static void step(void) {
         return;
     }
     r = rnd_below(1000);
+    if (opt_pools && r >= 990) {
+        op_pool();
+        return;
+    }
     if (r < 20) {
         op_record_stream();
         return;
@@ -631,6 +765,7 @@ static void step(void) {
 }
 
 static void cleanup_all(void) {
+    release_pools();
     while (nlive)
         op_free();
     op_complete_events();
@@ -655,7 +790,7 @@ static void cleanup_all(void) {
 
 static void usage(void) {
     fprintf(stderr, "usage: stress [--backend=sim|cuda] [--ops N] [--seed S] [--expandable] "
-                    "[--host] [--check-every N] [--max-split MiB] [--gc F] [--capacity MiB]\n");
+                    "[--host] [--check-every N] [--max-split MiB] [--gc F] [--capacity MiB] [--pools]\n");
     exit(2);
 }
 
@@ -667,6 +802,8 @@ int main(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--expandable"))
             opt_expandable = 1;
+        else if (!strcmp(a, "--pools"))
+            opt_pools = 1;
         else if (!strcmp(a, "--host"))
             opt_host = 1;
         else if (!strcmp(a, "--ops") && v)
@@ -688,10 +825,10 @@ int main(int argc, char **argv) {
         usage();
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("stress: backend=%s seed=%#" PRIx64 " ops=%ld mode=%s memory=%s check_every=%ld "
-           "max_split=%zu MiB gc=%.2f capacity=%zu MiB\n",
+           "max_split=%zu MiB gc=%.2f capacity=%zu MiB pools=%d\n",
            tdev_kind_name(), opt_seed, opt_ops, opt_expandable ? "expandable" : "segments",
            opt_host ? "host" : "virtual", opt_check_every, opt_max_split / MiB, opt_gc,
-           opt_capacity / MiB);
+           opt_capacity / MiB, opt_pools);
     rng_state = opt_seed ? opt_seed : 1;
 
     tdev_config_t cfg;
@@ -760,9 +897,10 @@ int main(int argc, char **argv) {
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     printf("stress: %ld mallocs, %ld frees, %ld ooms, %ld record_stream, %ld event completions, "
            "%ld bad frees, %ld empty_cache, %ld limit changes, %ld full checks, max %ld live, "
-           "%ld pending blocks completed by a stream synchronize\n",
+           "%ld pending blocks completed by a stream synchronize, %ld pool operations, "
+           "%ld mallocs routed to a pool\n",
            n_malloc, n_free, n_oom, n_record, n_complete, n_bad, n_empty, n_limit, n_checks,
-           max_live, n_early);
+           max_live, n_early, n_pool_ops, n_pool_mallocs);
     printf("stress: %.2f s (%.0f ns/step)\n", secs, secs * 1e9 / (double)(passed + failed));
     printf("%ld passed, %ld failed\n", passed, failed);
     return failed ? 1 : 0;
