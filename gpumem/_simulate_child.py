@@ -214,6 +214,7 @@ def _child_name() -> str:
 
 def _child_finish() -> None:
     """atexit: this process's snapshot and statistics for the parent."""
+    global _own_dump
     out: dict[str, Any] = {"pid": os.getpid(), "argv": sys.argv[:8], "snapshot": None,
                            "error": None, "devices": {}, "oom_snapshots": []}
     try:
@@ -223,8 +224,11 @@ def _child_finish() -> None:
         out["rank"] = current_rank()
         out["oom_snapshots"] = oom_snapshots_written()
         if torch.cuda.is_initialized():
-            global _own_dump
             out["devices"] = {str(d): v for d, v in _note_peaks().items()}
+        # A process that used no device memory through gpumem (Inductor's
+        # compile workers initialise CUDA to read the device's properties)
+        # has nothing to show: no snapshot, no viewer page.
+        if out["devices"]:
             path = os.path.join(os.environ[ENV_OUT], _child_name())
             _own_dump = True
             history.dump_snapshot(path)
