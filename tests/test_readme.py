@@ -80,6 +80,7 @@ MAIN_JOB = [
     "gpumem simulate --out sim_out -- python examples/loss_history_leak.py",
     "gpumem diff loss_leak_before.pickle loss_leak_after.pickle",
 ]
+COMPILED = ["gpumem simulate --gpu L4 -- python examples/compiled_fit.py --mode reduce-overhead"]
 FAST_TIER = ['python -m pytest -q -m "not slow" tests']
 DOCTOR = ["gpumem doctor"]
 GPU_SUITE = [
@@ -93,14 +94,14 @@ BENCHMARKS_PREFIX = "python benchmarks/"
 def test_every_readme_command_is_covered():
     commands = readme_commands()
     covered = set(BY_CI) | set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) | set(DOCTOR)
-    covered |= set(GPU_SUITE)
+    covered |= set(GPU_SUITE) | set(COMPILED)
     stray = [c for c in commands if c not in covered and not c.startswith(BENCHMARKS_PREFIX)]
     assert stray == [], f"README commands no test runs: {stray}"
     assert [c for c in commands if c in BY_CI] == list(BY_CI)   # one set-up, one test command
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert all(c in ci for c in BY_CI), ci
     assert set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) | set(DOCTOR) | set(GPU_SUITE) \
-        <= set(commands)
+        | set(COMPILED) <= set(commands)
 
 
 def test_setup_installs_what_a_simulated_run_needs():
@@ -206,6 +207,23 @@ def test_main_job_names_the_leaking_line(clone):
     # last thing printed, and the user's line is not cut off below them
     assert diff.rstrip().splitlines()[-1].strip() == f"{line}:main", diff
     assert "fits in 80 GiB: yes" in out.stdout
+
+
+@pytest.mark.slow
+def test_compiled_fit_as_written(clone, compile_caches):
+    """The README's compiled question, as written: reduce-overhead (Inductor,
+    Triton and CUDA graphs) with gpumem recording, on a simulated L4."""
+    dst, env = clone
+    env = {**env, **compile_caches}
+    proc = subprocess.run(["bash", "-c", COMPILED[0]], cwd=dst, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+    out = proc.stdout
+    assert "mode=reduce-overhead" in out and "L4" in out, out
+    assert re.search(r"^fits in [\d.]+ GiB: yes", out, re.M), out
+    summary = json.loads((dst / "gpumem_simulate" / "summary.json").read_text())
+    assert summary["gpu"]["model"] == "L4" and summary["exit_status"] == 0
+    assert len(summary["snapshots"]) == 1, summary["snapshots"]   # compile workers write none
 
 
 @pytest.mark.slow
