@@ -53,7 +53,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
-#include <array>
 #include <utility>
 
 namespace gpumem {
