@@ -177,7 +177,10 @@ def test_make_graphed_callables_mlp_training_matches_torch():
 
 REDUCE_OVERHEAD = '''
     from torch._dynamo.utils import counters
-    from torch._inductor import cudagraph_trees
+    from torch._inductor import config, cudagraph_trees
+    # cudagraph trees then check, after every recording and restore, that the
+    # pool's live blocks are exactly the live outputs, with torch's deleter
+    config.triton.slow_path_cudagraph_asserts = True
     model, opt = make_mlp()
     compiled = torch.compile(model, mode="reduce-overhead")
     def step(x):
