@@ -184,8 +184,19 @@ int add_segment(void* arg, const gm_segment_info_t* seg) {
   return 0;
 }
 
-void add_freed(void* arg, uintptr_t ptr) {
-  static_cast<std::vector<void*>*>(arg)->push_back(reinterpret_cast<void*>(ptr));
+struct freed_list {
+  std::vector<void*>* ptrs;
+  bool out_of_memory;
+};
+
+/* Called under the core lock, from C: must not throw. */
+void add_freed(void* arg, uintptr_t ptr) noexcept {
+  auto* f = static_cast<freed_list*>(arg);
+  try {
+    f->ptrs->push_back(reinterpret_cast<void*>(ptr));
+  } catch (...) {
+    f->out_of_memory = true;
+  }
 }
 
 }  // namespace
@@ -211,8 +222,10 @@ cca::CheckpointDelta GpumemAllocator::setCheckpointPoolState(
   gm_alloc_t* a = core(device);
   cca::CheckpointDelta delta;
   uint32_t ctx = capture(GM_HIST_CTX_STATE);
+  freed_list freed{&delta.ptrs_freed, false};
   int rc = g_core->pool_restore(a, core_id(st->id), st->blocks.data(), st->blocks.size(),
-                                add_freed, &delta.ptrs_freed, ctx);
+                                add_freed, &freed, ctx);
+  TORCH_CHECK(!freed.out_of_memory, "gpumem: setCheckpointPoolState: out of host memory");
   TORCH_CHECK(rc != GM_ENOTFOUND, "Could not find pool of id");
   TORCH_CHECK(rc == GM_OK, "gpumem: setCheckpointPoolState(", id_text(st->id),
               ") failed: ", rc == GM_ESTATE ? "the pool's segments no longer match the checkpoint"
