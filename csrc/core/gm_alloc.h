@@ -196,6 +196,23 @@ int gm_alloc_pool_use_count(gm_alloc_t *a, gm_mempool_id_t id, int *out);
 /* emptyCache(mempool_id): {0, 0} is gm_alloc_empty_cache; another id frees
  * that pool's cached segments if the pool is freeable, else nothing. */
 int gm_alloc_empty_cache_pool(gm_alloc_t *a, gm_mempool_id_t id, uint32_t ctx);
+/* One block of a private pool's checkpoint (torch's BlockState), as the
+ * pool's segment walk reported it; `first` starts a segment. */
+typedef struct gm_ckpt_block {
+    uintptr_t ptr;
+    size_t size;
+    int allocated;
+    int first;
+} gm_ckpt_block_t;
+typedef void (*gm_ckpt_ptr_fn)(void *arg, uintptr_t ptr);
+/* setCheckpointPoolState (Note [Private pool checkpoints] in checkpoint.c):
+ * free every block allocated in pool `id` (freed(arg, ptr) for each, under
+ * the allocator lock: it must not call into the allocator), then lay the
+ * checkpointed segments out again: their allocated blocks are live
+ * afterwards. GM_ENOTFOUND for an unknown pool, GM_ESTATE when a segment no
+ * longer fits its checkpoint. */
+int gm_alloc_pool_restore(gm_alloc_t *a, gm_mempool_id_t id, const gm_ckpt_block_t *blocks,
+                          size_t n, gm_ckpt_ptr_fn freed, void *arg, uint32_t ctx);
 /* 1 while some private pool is allocating (torch's captures_underway). */
 int gm_alloc_pool_any_allocating(gm_alloc_t *a);
 

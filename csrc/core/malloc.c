@@ -19,6 +19,7 @@
 #include "devcall.h"
 #include "events.h"
 #include "expandable.h"
+#include "malloc.h"
 #include "pool.h"
 #include "privpool.h"
 #include "release.h"
@@ -59,16 +60,17 @@ static int should_split(const gm_alloc_t *a, const gm_block_t *b, size_t size) {
     return !gm_size_is_oversize(&a->settings, size) && remaining > GM_SMALL_SIZE;
 }
 
-/* Hand out the found block, split if the rest is worth keeping. The active
- * map has room for one more entry (reserved by the caller). */
-static int alloc_found_block(gm_alloc_t *a, request_t *r, size_t orig_size, uint32_t ctx,
-                             uintptr_t *out_ptr) {
+/* Hand out the found block, split when `split` says so (the malloc path:
+ * when the rest is worth keeping). The active map has room for one more
+ * entry (reserved by the caller). */
+static inline int alloc_found_block(gm_alloc_t *a, request_t *r, size_t orig_size, uint32_t ctx,
+                                    int split, gm_block_t **out_block) {
     gm_block_t *b = r->block;
     GM_ASSERT(b->size >= r->size && b->in_tree == GM_IN_NONE && b->mapped,
               "found block cannot serve");
     gm_split_delta_t d = {0, 0};
     gm_split_count(&d, b, -1);
-    if (should_split(a, b, r->size)) {
+    if (split) {
         gm_block_t *rem = b;
         b = gm_block_new_unlocked(a, rem->ptr, r->size, rem->stream, rem->pool, rem->expseg, 1);
         if (!b) {
@@ -90,7 +92,7 @@ static int alloc_found_block(gm_alloc_t *a, request_t *r, size_t orig_size, uint
     (void)rc;
     gm_trace_unlocked(a, GM_ACT_ALLOC, b->ptr, orig_size, b->stream, ctx);
     gm_stats_block_allocated(a, b, &d);
-    *out_ptr = b->ptr;
+    *out_block = b;
     return GM_OK;
 }
 
@@ -204,7 +206,10 @@ static inline int do_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, u
         gm_unlock(a);
         return GM_EOOM;
     }
-    rc = alloc_found_block(a, &r, orig_size, ctx, out_ptr);
+    gm_block_t *b = NULL;
+    rc = alloc_found_block(a, &r, orig_size, ctx, should_split(a, r.block, r.size), &b);
+    if (rc == GM_OK)
+        *out_ptr = b->ptr;
     GM_DEEP_CHECK(a);
     gm_unlock(a);
     return rc;
@@ -247,6 +252,24 @@ static gm_block_t *live_block(gm_alloc_t *a, uintptr_t ptr) {
     return (gm_block_t *)v;
 }
 
+/* Free a live block: stats, trace, events for its stream uses, back to its
+ * pool when nothing waits on it. */
+static inline int free_block(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
+    b->allocated = 0;
+    gm_stats_block_free_requested(a, b);
+    gm_trace_unlocked(a, GM_ACT_FREE_REQUESTED, b->ptr, b->requested_size, b->stream,
+                      ctx ? ctx : b->ctx);
+    int rc = GM_OK;
+    if (b->n_uses) /* no event is recorded while a pool is allocating */
+        rc = a->n_allocating ? gm_events_defer_unlocked(a, b) : gm_events_insert_unlocked(a, b);
+    if (gm_block_is_free(b)) {
+        gm_pool_return_unlocked(a, b, ctx);
+        if (a->uncached && rc == GM_OK) /* tested here: no call per cached free */
+            rc = gm_release_uncached_unlocked(a, b, ctx);
+    }
+    return rc;
+}
+
 int gm_alloc_free(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx) {
     if (ptr == 0)
         return GM_OK;
@@ -262,21 +285,27 @@ int gm_alloc_free(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx) {
         gm_unlock(a);
         return GM_EDOUBLEFREE;
     }
-    b->allocated = 0;
-    gm_stats_block_free_requested(a, b);
-    gm_trace_unlocked(a, GM_ACT_FREE_REQUESTED, b->ptr, b->requested_size, b->stream,
-                      ctx ? ctx : b->ctx);
-    int rc = GM_OK;
-    if (b->n_uses) /* no event is recorded while a pool is allocating */
-        rc = a->n_allocating ? gm_events_defer_unlocked(a, b) : gm_events_insert_unlocked(a, b);
-    if (gm_block_is_free(b)) {
-        gm_pool_return_unlocked(a, b, ctx);
-        if (a->uncached && rc == GM_OK) /* tested here: no call per cached free */
-            rc = gm_release_uncached_unlocked(a, b, ctx);
-    }
+    int rc = free_block(a, b, ctx);
     GM_DEEP_CHECK(a);
     gm_unlock(a);
     return rc;
+}
+
+int gm_malloc_take_unlocked(gm_alloc_t *a, gm_block_t *b, size_t size, uint32_t ctx,
+                            gm_block_t **out) {
+    if (gm_ptrmap_reserve(&a->active, 1))
+        return GM_ENOMEM;
+    request_t r;
+    memset(&r, 0, sizeof r);
+    r.size = size;
+    r.stream = b->stream;
+    r.pool = b->pool;
+    r.block = b;
+    return alloc_found_block(a, &r, size, ctx, b->size > size, out);
+}
+
+int gm_malloc_free_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
+    return free_block(a, b, ctx);
 }
 
 int gm_alloc_block_size(gm_alloc_t *a, uintptr_t ptr, size_t *size, size_t *requested,

@@ -116,6 +116,7 @@ static const gm_core_api_t core_api = {
     .pool_use_count = gm_alloc_pool_use_count,
     .empty_cache_pool = gm_alloc_empty_cache_pool,
     .walk_pool = gm_alloc_walk_pool,
+    .pool_restore = gm_alloc_pool_restore,
 };
 
 int gm_py_core_api_init(PyObject *module) {

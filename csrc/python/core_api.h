@@ -127,6 +127,10 @@ typedef struct gm_core_api {
     int (*pool_use_count)(gm_alloc_t *a, gm_mempool_id_t id, int *out);
     int (*empty_cache_pool)(gm_alloc_t *a, gm_mempool_id_t id, uint32_t ctx);
     int (*walk_pool)(gm_alloc_t *a, gm_mempool_id_t pool, gm_segment_fn fn, void *arg);
+
+    /* ---- appended: private pool checkpoints (CUDA graph trees) ---- */
+    int (*pool_restore)(gm_alloc_t *a, gm_mempool_id_t id, const gm_ckpt_block_t *blocks,
+                        size_t n, gm_ckpt_ptr_fn freed, void *arg, uint32_t ctx);
 } gm_core_api_t;
 
 /* gpumem._C only (core_api.c): publish the table as the capsule. */

@@ -19,8 +19,9 @@
  *     after gpumem's own OOM hook (Note [OOM hook] in gm_torch_module.cpp),
  *     which may write a snapshot and add a line naming it to the message.
  * The pointer -> (size, device, stream) map of the pluggable base class is
- * not used: each DataPtr carries a per-device deleter instead, and the core
- * finds the block by its own pointer map.
+ * not used: each DataPtr carries the deleter raw_deleter() returns (Note
+ * [One deleter] in gm_torch_alloc.cpp), and the core finds the block by its
+ * own pointer map.
  *
  * The core is reached only through gpumem._C's capsules (core_api.h,
  * hist.h); this file set links against torch and nothing of gpumem's.
@@ -62,6 +63,8 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   gm_alloc_t* core(c10::DeviceIndex device);
   /* The core of `device` if it exists, else nullptr. Never throws. */
   gm_alloc_t* existing_core(int device) const;
+  /* How many cores exist (they are never destroyed). */
+  int core_count() const { return n_cores_.load(std::memory_order_acquire); }
   void* malloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream);
   /* The settings in force, and new ones for every core now and later
    * (torch's allocator settings changed at run time). */
@@ -128,6 +131,7 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
    * create_mu_) and never changed; read lock-free (acquire). */
   std::atomic<gm_alloc_t*> cores_[kMaxDevices];
   std::mutex create_mu_; /* serialises core creation */
+  std::atomic<int> n_cores_{0}; /* cores created so far (only grows) */
   std::atomic<int> device_count_{0};     /* set by init() */
   std::atomic<bool> initialized_{false}; /* set by init() */
   /* caching_allocator_enable; PYTORCH_NO_CUDA_MEMORY_CACHING keeps it off */

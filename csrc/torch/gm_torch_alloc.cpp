@@ -3,15 +3,32 @@
  * served by gpumem's core (see gm_torch.h for what is overridden and why).
  *
  * Hot path: allocate() = current device + current stream + one core malloc
- * (history capture first, outside the core lock); the DataPtr's deleter is
- * a per-device function, so a free is one core free with no lookup table of
- * our own. Cores are created per device on first use (torch creates its
+ * (history capture first, outside the core lock); every DataPtr carries
+ * the one deleter raw_deleter() returns (Note [One deleter]), so a free is
+ * one core free with no lookup table of our own. Cores are created per
+ * device on first use (torch creates its
  * per-device allocators lazily too, and a core retains the device's primary
  * context), attached to memory history once, and never destroyed. A new
  * core gets the settings in force, torch's per_process_memory_fraction and
  * the caching switch. While the profiler records memory, every allocation
  * and free is reported to it with the device's allocated and reserved
  * totals, as torch's allocator reports them.
+ *
+ * Note [One deleter]
+ * Rationale: torch tells its allocator's memory from other memory by the
+ *   DataPtr's deleter: _has_Standard_Deleter and _free_And_Remove_DeleterFn
+ *   (the CUDA graph trees of torch.compile's reduce-overhead mode) and
+ *   torch.cuda.caching_allocator_delete compare it with raw_deleter(), and
+ *   refuse ("Expected standard deleter") any other. A deleter per device,
+ *   which needed no lookup to find the core, failed that comparison.
+ * Approach: allocate() and raw_deleter() use the same function, delete_any.
+ *   With one core (one GPU in use, the common case) it frees at once, as
+ *   fast as the per-device deleter did (docs/benchmarks.md). With several,
+ *   it asks each core's pointer map (one lookup under that core's lock)
+ *   before freeing, so no core searches its free blocks for a pointer it
+ *   never had. recordStream takes the device from the DataPtr itself.
+ * Limitations: with several devices in use, a free costs up to one lookup
+ *   per other core created earlier.
  *
  * Note [Out of memory through the pluggable allocator]
  * Rationale: torch's CUDAPluggableAllocator does not check a NULL from the
@@ -36,7 +53,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
-#include <array>
 #include <utility>
 
 namespace gpumem {
@@ -111,57 +127,30 @@ void free_on(int device, void* p) noexcept {
   }
 }
 
-template <int D>
-void delete_on(void* p) {
-  free_on(D, p);
-}
-
-template <size_t... I>
-constexpr std::array<c10::DeleterFnPtr, sizeof...(I)> make_deleters(std::index_sequence<I...>) {
-  return {{&delete_on<static_cast<int>(I)>...}};
-}
-
-/* kDeleters[d] frees a pointer that came from device d's core. */
-constexpr auto kDeleters = make_deleters(std::make_index_sequence<kMaxDevices>{});
-
-/* For raw_delete and raw_deleter(): the device is unknown, so ask each core
- * (one core in the common single-GPU case). */
+/* The one deleter of every DataPtr gpumem hands out, and raw_deleter()
+ * (Note [One deleter]): with one core, one free; with several, the core
+ * whose pointer map holds p frees it. */
 void delete_any(void* p) {
   if (!p)
     return;
   GpumemAllocator* alloc = g_instance.load(std::memory_order_acquire);
-  if (alloc) {
-    for (int d = 0; d < kMaxDevices; d++) {
-      gm_alloc_t* a = alloc->existing_core(d);
-      if (!a)
-        continue;
-      int rc = GM_ENOTFOUND;
-      try {
-        rc = core_free(a, d, p);
-      } catch (...) {
-      }
-      if (rc == GM_OK)
-        return;
-      if (rc != GM_ENOTFOUND) {
-        try {
-          TORCH_WARN("gpumem: could not free ", p, ": ", core_error(a, rc));
-        } catch (...) {
-        }
-        return;
-      }
-    }
+  int n = alloc ? alloc->core_count() : 0;
+  for (int d = 0; d < kMaxDevices && n > 0; d++) {
+    gm_alloc_t* a = alloc->existing_core(d);
+    if (!a)
+      continue;
+    /* With several cores, ask before freeing: a core's free of a pointer
+     * it does not own searches its free blocks to say why. */
+    if (--n > 0 && g_core->block_size(a, reinterpret_cast<uintptr_t>(p), nullptr, nullptr,
+                                       nullptr) != GM_OK)
+      continue;
+    free_on(d, p);
+    return;
   }
   try {
     TORCH_WARN("gpumem: could not free ", p, ": no gpumem allocator owns this pointer");
   } catch (...) {
   }
-}
-
-int deleter_device(c10::DeleterFnPtr fn) {
-  for (int d = 0; d < kMaxDevices; d++)
-    if (kDeleters[d] == fn)
-      return d;
-  return -1;
 }
 
 void check_device(c10::DeviceIndex device) {
@@ -234,6 +223,7 @@ gm_alloc_t* GpumemAllocator::core(c10::DeviceIndex device) {
                     "back to plain segments");
   }
   cores_[device].store(a, std::memory_order_release);
+  n_cores_.fetch_add(1, std::memory_order_release);
   return a;
 }
 
@@ -272,7 +262,7 @@ c10::DataPtr GpumemAllocator::allocate(size_t size) {
   void* p = nullptr;
   if (size != 0)
     p = malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
-  return {p, p, kDeleters[device], c10::Device(c10::DeviceType::CUDA, device)};
+  return {p, p, &delete_any, c10::Device(c10::DeviceType::CUDA, device)};
 }
 
 c10::DeleterFnPtr GpumemAllocator::raw_deleter() const { return &delete_any; }
@@ -360,12 +350,9 @@ void GpumemAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStrea
   void* p = ptr.get();
   if (!p)
     return;
-  int device = deleter_device(ptr.get_deleter());
-  if (device < 0) {
-    if (ptr.get_deleter() != &delete_any)
-      return; /* not our memory (from_blob, another allocator): nothing to track */
-    device = ptr.device().index();
-  }
+  if (ptr.get_deleter() != &delete_any)
+    return; /* not our memory (from_blob, another allocator): nothing to track */
+  int device = ptr.device().index();
   gm_alloc_t* a = existing_core(device);
   if (!a)
     return;

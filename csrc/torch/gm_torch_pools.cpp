@@ -3,7 +3,8 @@
  * interface: beginAllocateToPool / endAllocateToPool (CUDA graph capture,
  * torch.cuda.use_mem_pool), createOrIncrefPool / releasePool /
  * getPoolUseCount (torch.cuda.MemPool, CUDAGraph), checkPoolLiveAllocations
- * (cudagraph trees), setUseOnOOM / setNoSplit (MemPool options).
+ * (cudagraph trees), setUseOnOOM / setNoSplit (MemPool options),
+ * getCheckpointState / setCheckpointPoolState (cudagraph trees).
  *
  * Note [Routing to private pools]
  * Rationale: torch routes an allocation to a private pool when the stream
@@ -26,9 +27,10 @@
  *   (in torch both happen under one lock; racing begin/end against
  *   allocations on the stream being routed is a usage error either way).
  *   MemPools with a custom allocator, use_on_oom or no_split are refused
- *   with a clear error; getCheckpointState / setCheckpointPoolState (the
- *   cudagraph trees of torch.compile's reduce-overhead mode when a tree
- *   branches) are not implemented and raise an error that says so.
+ *   with a clear error. getCheckpointState / setCheckpointPoolState (the
+ *   CUDA graph trees of torch.compile's reduce-overhead mode) are at the end
+ *   of this file; the restore itself is the core's (Note [Private pool
+ *   checkpoints] in core/checkpoint.c).
  */
 #include "gm_torch.h"
 
@@ -163,23 +165,79 @@ bool GpumemAllocator::checkPoolLiveAllocations(
 
 namespace {
 
-[[noreturn]] void no_checkpoints(const char* what) {
-  TORCH_CHECK(false, "gpumem does not support ", what,
-              ": the CUDA graph trees of torch.compile(mode=\"reduce-overhead\") need it when a "
-              "tree of graphs branches; compile without reduce-overhead (or without "
-              "gpumem.install()) until gpumem restores private pool checkpoints");
+/* A private pool's checkpoint (torch's PrivatePoolState): its segments'
+ * blocks as the pool's walk reported them (Note [Private pool checkpoints]
+ * in core/checkpoint.c). */
+struct PoolCheckpoint final : cca::AllocatorState {
+  c10::cuda::MempoolId_t id;
+  std::vector<gm_ckpt_block_t> blocks;
+};
+
+int add_segment(void* arg, const gm_segment_info_t* seg) {
+  auto* st = static_cast<PoolCheckpoint*>(arg);
+  for (size_t i = 0; i < seg->nblocks; i++) {
+    const gm_block_info_t& b = seg->blocks[i];
+    st->blocks.push_back(gm_ckpt_block_t{b.address, b.size,
+                                         b.state == GM_BLOCK_ACTIVE_ALLOCATED ? 1 : 0,
+                                         i == 0 ? 1 : 0});
+  }
+  return 0;
+}
+
+struct freed_list {
+  std::vector<void*>* ptrs;
+  bool out_of_memory;
+};
+
+/* Called under the core lock, from C: must not throw. */
+void add_freed(void* arg, uintptr_t ptr) noexcept {
+  auto* f = static_cast<freed_list*>(arg);
+  try {
+    f->ptrs->push_back(reinterpret_cast<void*>(ptr));
+  } catch (...) {
+    f->out_of_memory = true;
+  }
 }
 
 }  // namespace
 
-std::shared_ptr<cca::AllocatorState> GpumemAllocator::getCheckpointState(c10::DeviceIndex,
-                                                                        c10::cuda::MempoolId_t) {
-  no_checkpoints("getCheckpointState");
+std::shared_ptr<cca::AllocatorState> GpumemAllocator::getCheckpointState(
+    c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+  gm_alloc_t* a = core(device);
+  int n = 0;
+  TORCH_CHECK(g_core->pool_use_count(a, core_id(id), &n) == GM_OK, "Could not find pool of id");
+  TORCH_CHECK(n > 0, "Not expected to checkpoint freeable graph");
+  auto st = std::make_shared<PoolCheckpoint>();
+  st->id = id;
+  int rc = g_core->walk_pool(a, core_id(id), add_segment, st.get());
+  TORCH_CHECK(rc == GM_OK, "gpumem: getCheckpointState failed: ", g_core->strerror(rc));
+  return st;
 }
 
-cca::CheckpointDelta GpumemAllocator::setCheckpointPoolState(c10::DeviceIndex,
-                                                             std::shared_ptr<cca::AllocatorState>) {
-  no_checkpoints("setCheckpointPoolState");
+cca::CheckpointDelta GpumemAllocator::setCheckpointPoolState(
+    c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> pps) {
+  auto st = std::dynamic_pointer_cast<PoolCheckpoint>(pps);
+  TORCH_CHECK(st, "gpumem: setCheckpointPoolState was given a state that gpumem's "
+                  "getCheckpointState did not make");
+  gm_alloc_t* a = core(device);
+  cca::CheckpointDelta delta;
+  uint32_t ctx = capture(GM_HIST_CTX_STATE);
+  freed_list freed{&delta.ptrs_freed, false};
+  int rc = g_core->pool_restore(a, core_id(st->id), st->blocks.data(), st->blocks.size(),
+                                add_freed, &freed, ctx);
+  TORCH_CHECK(!freed.out_of_memory, "gpumem: setCheckpointPoolState: out of host memory");
+  TORCH_CHECK(rc != GM_ENOTFOUND, "Could not find pool of id");
+  TORCH_CHECK(rc == GM_OK, "gpumem: setCheckpointPoolState(", id_text(st->id),
+              ") failed: ", rc == GM_ESTATE ? "the pool's segments no longer match the checkpoint"
+                                            : g_core->strerror(rc));
+  c10::Device dev(c10::DeviceType::CUDA, device);
+  for (const gm_ckpt_block_t& b : st->blocks) {
+    if (!b.allocated)
+      continue;
+    void* p = reinterpret_cast<void*>(b.ptr);
+    delta.dataptrs_allocd.emplace_back(p, p, raw_deleter(), dev);
+  }
+  return delta;
 }
 
 }  // namespace gpumem
