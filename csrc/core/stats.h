@@ -71,8 +71,10 @@ static inline void gm_stats_split_changed(gm_stats_t *st, int type, const gm_spl
 
 /* b was handed to a caller (b->allocated, size, requested_size, oversize
  * already set); d: inactive split blocks of its segment, net. */
-static inline void gm_stats_block_allocated(gm_alloc_t *a, const gm_block_t *b,
-                                            const gm_split_delta_t *d) {
+/* Always inlined: malloc's fast path and the checkpoint restore both
+ * inline their caller, and an out-of-line copy cost a pair about 5%. */
+__attribute__((always_inline)) static inline void
+gm_stats_block_allocated(gm_alloc_t *a, const gm_block_t *b, const gm_split_delta_t *d) {
     gm_stats_t *st = &a->stats;
     int t = gm_pool_stat_type(b->pool);
     gm_stats_split_changed(st, t, d);
