@@ -30,12 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 EXAMPLE = ROOT / "examples" / "compiled_fit.py"
 RUNNER = '''
-import runpy, sys
+import os, runpy, sys
 if sys.argv[1] == "gpumem":
     import gpumem
     gpumem.install()
 script = sys.argv[2]
 sys.argv = [script] + sys.argv[3:]
+sys.path.insert(0, os.path.dirname(script))   # as `python script` does
 runpy.run_path(script, run_name="__main__")
 '''
 
