@@ -63,7 +63,8 @@ class SimError(RuntimeError):
 def sonames(cuda_major: int = CUDA_MAJOR) -> List[str]:
     """The fake libraries, in LD_PRELOAD order (driver first)."""
     return ["libcuda.so.1", "libnvidia-ml.so.1", f"libcudart.so.{cuda_major}",
-            f"libcublasLt.so.{cuda_major}", f"libcublas.so.{cuda_major}", "libcudnn.so.9"]
+            f"libcublasLt.so.{cuda_major}", f"libcublas.so.{cuda_major}", "libcudnn.so.9",
+            "libnccl.so.2"]
 
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
