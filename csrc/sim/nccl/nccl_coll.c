@@ -20,6 +20,7 @@
  */
 #include "nccl_internal.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,10 +121,11 @@ static int check_pointers(void)
     return s && atoi(s) != 0;
 }
 
-enum { OP_NONE = -1 }; /* operations that do not reduce */
+#define OP_NONE INT_MIN   /* operations that do not reduce */
+#define ROOT_NONE INT_MIN /* operations without a root or peer */
 enum { AT_ROOT = 2 };  /* a buffer used only on the root rank */
 
-/* NCCL's ArgsCheck. root: the root or peer, or -1 for none. send/recv:
+/* NCCL's ArgsCheck. root: the root or peer, or ROOT_NONE. send/recv:
  * whether the buffers are used (1), not (0) or on the root only (AT_ROOT),
  * for the pointer check. */
 static ncclResult_t check(ncclComm_t comm, ncclDataType_t type, int op, int root,
@@ -135,7 +137,7 @@ static ncclResult_t check(ncclComm_t comm, ncclDataType_t type, int op, int root
         return r;
     if (comm->finalized)
         return nccl_fail(ncclInvalidUsage, "%s : comm %p is finalized", fn, (void *)comm);
-    if (root != -1 && (root < 0 || root >= comm->nranks))
+    if (root != ROOT_NONE && (root < 0 || root >= comm->nranks))
         return nccl_fail(ncclInvalidArgument, "%s : invalid root %d (root should be in the 0..%d range)",
                          fn, root, comm->nranks - 1);
     if ((int)type < 0 || (int)type >= ncclNumTypes)
@@ -175,7 +177,7 @@ NCCL_API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t
                                     cudaStream_t stream)
 {
     RUN("ncclAllReduce", comm, stream,
-        check(comm, datatype, op, -1, sendbuff, 1, recvbuff, 1, "AllReduce"),
+        check(comm, datatype, op, ROOT_NONE, sendbuff, 1, recvbuff, 1, "AllReduce"),
         copy(recvbuff, sendbuff, count * esz_));
 }
 NCCL_ALIAS(ncclAllReduce);
@@ -215,7 +217,7 @@ NCCL_API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, si
                                         cudaStream_t stream)
 {
     RUN("ncclReduceScatter", comm, stream,
-        check(comm, datatype, op, -1, sendbuff, 1, recvbuff, 1, "ReduceScatter"),
+        check(comm, datatype, op, ROOT_NONE, sendbuff, 1, recvbuff, 1, "ReduceScatter"),
         copy(recvbuff, (const char *)sendbuff + (size_t)comm->rank * recvcount * esz_,
              recvcount * esz_));
 }
@@ -225,7 +227,7 @@ NCCL_API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t
                                     ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
     RUN("ncclAllGather", comm, stream,
-        check(comm, datatype, OP_NONE, -1, sendbuff, 1, recvbuff, 1, "AllGather"),
+        check(comm, datatype, OP_NONE, ROOT_NONE, sendbuff, 1, recvbuff, 1, "AllGather"),
         for (int r = 0; r < comm->nranks; r++)
             copy((char *)recvbuff + (size_t)r * sendcount * esz_, sendbuff, sendcount * esz_));
 }
@@ -235,7 +237,7 @@ NCCL_API ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t 
                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
     RUN("ncclAlltoAll", comm, stream,
-        check(comm, datatype, OP_NONE, -1, sendbuff, 1, recvbuff, 1, "AlltoAll"),
+        check(comm, datatype, OP_NONE, ROOT_NONE, sendbuff, 1, recvbuff, 1, "AlltoAll"),
         for (int r = 0; r < comm->nranks; r++)
             copy((char *)recvbuff + (size_t)r * count * esz_,
                  (const char *)sendbuff + (size_t)comm->rank * count * esz_, count * esz_));
