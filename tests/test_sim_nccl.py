@@ -415,22 +415,23 @@ def test_ddp_transformer_peaks_equal_under_torch_and_gpumem(tmp_path):
 SMOKE = HEAD + '''
 dist.init_process_group("nccl")
 rank, world = dist.get_rank(), dist.get_world_size()
-x = torch.full((4,), float(rank + 1), device="cuda")
-before = torch.cuda.memory_allocated()
+# kernels do not run on the simulator: values come from host copies
+x = torch.tensor([float(rank + 1)] * 4, device="cuda")
 dist.all_reduce(x)
+reduced = x.tolist()
 out = [torch.zeros(4, device="cuda") for _ in range(world)]
 dist.all_gather(out, x)
 gathered = torch.cat(out).tolist()
 rs = torch.zeros(2, device="cuda")
 dist.reduce_scatter_tensor(rs, torch.arange(4, device="cpu", dtype=torch.float32).cuda())
 dist.broadcast(x, src=0)
-y = torch.full((3,), 7.0, device="cuda")
+y = torch.tensor([7.0 if rank == 0 else 0.0] * 3, device="cuda")
 if rank == 0:
     dist.send(y, dst=1)
 else:
     dist.recv(y, src=0)
 torch.cuda.synchronize()
-result(gathered=gathered, rs=rs.tolist(), y=y.tolist())
+result(reduced=reduced, gathered=gathered, rs=rs.tolist(), y=y.tolist(), bx=x.tolist())
 dist.destroy_process_group()
 os._exit(0)
 '''
@@ -443,6 +444,41 @@ def test_collectives_smoke_on_two_ranks(tmp_path):
     for r in rows:
         me = float(r["rank"] + 1)
         # each rank sees the other as a copy of itself (Note [NCCL data])
+        assert r["reduced"] == [me] * 4  # no arithmetic: kernels do not run
         assert r["gathered"] == [me] * 8
         assert r["rs"] == [2.0 * r["rank"], 2.0 * r["rank"] + 1]
-        assert r["y"] == [7.0] * 3
+        assert r["bx"] == [me] * 4  # broadcast copies on the root only, as data never crosses
+        assert r["y"] == [7.0 if r["rank"] == 0 else 0.0] * 3  # Recv moves nothing
+
+
+FSDP2 = HEAD + '''
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("nccl")
+torch.manual_seed(0)
+layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+model = torch.nn.TransformerEncoder(layer, 2).cuda()
+for m in model.layers:
+    fully_shard(m)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(3):
+    model(torch.randn(8, 16, 64, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+torch.cuda.synchronize()
+result(sharded=model.layers[0].linear1.weight.to_local().shape[0])
+dist.destroy_process_group()
+os._exit(0)
+'''
+
+
+@pytest.mark.slow
+@needs_torch
+def test_fsdp2_fully_shard_on_two_ranks_under_torch_and_gpumem(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "g").mkdir()
+    torch_rows = _torchrun(tmp_path / "t", FSDP2, env={"USE_GPUMEM": "0"})
+    gm_rows = _torchrun(tmp_path / "g", FSDP2, env={"USE_GPUMEM": "1"})
+    for t, g in zip(torch_rows, gm_rows):
+        assert t["sharded"] == 64  # linear1's 128 rows split over 2 ranks
+        assert t["peak"] > 0 and t["peak"] == g["peak"], (t, g)
