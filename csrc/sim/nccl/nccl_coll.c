@@ -54,7 +54,7 @@ static void copy(void *dst, const void *src, size_t bytes)
         memmove(dst, src, bytes);
 }
 
-unsigned long long nccl_ops_launched;
+unsigned long long nc_ops_launched;
 
 #define GROUP_MAX 64
 struct pending {
@@ -75,8 +75,8 @@ static ncclResult_t launch(CUcontext ctx, cudaStream_t stream, const char *fn)
         cuCtxPopCurrent_v2(&prev);
     }
     if (r != CUDA_SUCCESS)
-        return nccl_cuda_fail(r, fn);
-    __atomic_fetch_add(&nccl_ops_launched, 1, __ATOMIC_RELAXED);
+        return nc_cuda_fail(r, fn);
+    __atomic_fetch_add(&nc_ops_launched, 1, __ATOMIC_RELAXED);
     return ncclSuccess;
 }
 
@@ -110,7 +110,7 @@ static ncclResult_t check_ptr(ncclComm_t comm, const void *p, const char *what, 
         type != CU_MEMORYTYPE_DEVICE ||
         cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d) != CUDA_SUCCESS ||
         ordinal != comm->cudaDev)
-        return nccl_fail(ncclInvalidArgument, "%s : %s %p is not a valid pointer on device %d", fn,
+        return nc_fail(ncclInvalidArgument, "%s : %s %p is not a valid pointer on device %d", fn,
                          what, p, comm->cudaDev);
     return ncclSuccess;
 }
@@ -132,21 +132,21 @@ static ncclResult_t check(ncclComm_t comm, ncclDataType_t type, int op, int root
                           const void *send, int use_send, const void *recv, int use_recv,
                           const char *fn)
 {
-    ncclResult_t r = nccl_comm_check(comm, fn);
+    ncclResult_t r = nc_comm_check(comm, fn);
     if (r != ncclSuccess)
         return r;
     if (comm->finalized)
-        return nccl_fail(ncclInvalidUsage, "%s : comm %p is finalized", fn, (void *)comm);
+        return nc_fail(ncclInvalidUsage, "%s : comm %p is finalized", fn, (void *)comm);
     if (root != ROOT_NONE && (root < 0 || root >= comm->nranks))
-        return nccl_fail(ncclInvalidArgument, "%s : invalid root %d (root should be in the 0..%d range)",
+        return nc_fail(ncclInvalidArgument, "%s : invalid root %d (root should be in the 0..%d range)",
                          fn, root, comm->nranks - 1);
     if ((int)type < 0 || (int)type >= ncclNumTypes)
-        return nccl_fail(ncclInvalidArgument, "%s : invalid type %d", fn, (int)type);
+        return nc_fail(ncclInvalidArgument, "%s : invalid type %d", fn, (int)type);
     if (op != OP_NONE) {
         if (op < 0 || op >= ncclNumOps + NCCL_MAX_USER_OPS)
-            return nccl_fail(ncclInvalidArgument, "%s : invalid reduction operation %d", fn, op);
+            return nc_fail(ncclInvalidArgument, "%s : invalid reduction operation %d", fn, op);
         if (op >= ncclNumOps && !comm->user_ops[op - ncclNumOps])
-            return nccl_fail(ncclInvalidArgument,
+            return nc_fail(ncclInvalidArgument,
                              "%s : reduction operation %d unknown to this communicator", fn, op);
     }
     if (check_pointers()) {
@@ -304,7 +304,7 @@ NCCL_API ncclResult_t ncclGroupEnd(void)
 {
     SIM_ENTRY("ncclGroupEnd");
     if (group_depth == 0)
-        return nccl_fail(ncclInvalidUsage, "ncclGroupEnd: not in a group call.");
+        return nc_fail(ncclInvalidUsage, "ncclGroupEnd: not in a group call.");
     if (--group_depth > 0)
         return ncclSuccess;
     ncclResult_t r = group_error;
@@ -323,38 +323,38 @@ NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar,
                                                ncclScalarResidence_t residence, ncclComm_t comm)
 {
     SIM_ENTRY("ncclRedOpCreatePreMulSum");
-    ncclResult_t r = nccl_comm_check(comm, "ncclRedOpCreatePreMulSum");
+    ncclResult_t r = nc_comm_check(comm, "ncclRedOpCreatePreMulSum");
     if (r != ncclSuccess)
         return r;
     if (!op || !scalar)
-        return nccl_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : NULL op or scalar");
+        return nc_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : NULL op or scalar");
     if ((int)datatype < 0 || (int)datatype >= ncclNumTypes)
-        return nccl_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : invalid type %d",
+        return nc_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : invalid type %d",
                          (int)datatype);
     if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
-        return nccl_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : invalid residence %d",
+        return nc_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : invalid residence %d",
                          (int)residence);
     for (int i = 0; i < NCCL_MAX_USER_OPS; i++)
         if (__atomic_exchange_n(&comm->user_ops[i], 1, __ATOMIC_ACQ_REL) == 0) {
             *op = (ncclRedOp_t)(ncclNumOps + i);
             return ncclSuccess;
         }
-    return nccl_fail(ncclInternalError, "ncclRedOpCreatePreMulSum : too many live operations");
+    return nc_fail(ncclInternalError, "ncclRedOpCreatePreMulSum : too many live operations");
 }
 NCCL_ALIAS(ncclRedOpCreatePreMulSum);
 
 NCCL_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
 {
     SIM_ENTRY("ncclRedOpDestroy");
-    ncclResult_t r = nccl_comm_check(comm, "ncclRedOpDestroy");
+    ncclResult_t r = nc_comm_check(comm, "ncclRedOpDestroy");
     if (r != ncclSuccess)
         return r;
     if ((int)op < ncclNumOps)
-        return nccl_fail(ncclInvalidArgument, "ncclRedOpDestroy : operation %d is built in",
+        return nc_fail(ncclInvalidArgument, "ncclRedOpDestroy : operation %d is built in",
                          (int)op);
     int i = (int)op - ncclNumOps;
     if (i >= NCCL_MAX_USER_OPS || !__atomic_exchange_n(&comm->user_ops[i], 0, __ATOMIC_ACQ_REL))
-        return nccl_fail(ncclInvalidArgument,
+        return nc_fail(ncclInvalidArgument,
                          "ncclRedOpDestroy : operation %d unknown to this communicator", (int)op);
     return ncclSuccess;
 }

@@ -28,7 +28,7 @@ static struct ncclComm *live;
 static unsigned long long n_created, n_destroyed, n_ids;
 static __thread char last_error[512];
 
-ncclResult_t nccl_fail(ncclResult_t code, const char *fmt, ...)
+ncclResult_t nc_fail(ncclResult_t code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -38,32 +38,32 @@ ncclResult_t nccl_fail(ncclResult_t code, const char *fmt, ...)
     return code;
 }
 
-ncclResult_t nccl_cuda_fail(CUresult r, const char *what)
+ncclResult_t nc_cuda_fail(CUresult r, const char *what)
 {
     const char *s = NULL;
     if (cuGetErrorString(r, &s) != CUDA_SUCCESS || !s)
         s = "unknown error";
-    return nccl_fail(ncclUnhandledCudaError, "%s: Cuda failure %d '%s'", what, (int)r, s);
+    return nc_fail(ncclUnhandledCudaError, "%s: Cuda failure %d '%s'", what, (int)r, s);
 }
 
 /* Stubs (names not simulated) answer ncclInvalidUsage and say so. */
 void sim_lib_on_unsupported(int code)
 {
     (void)code;
-    nccl_fail(ncclInvalidUsage, "this NCCL function is not supported by gpumem's simulated NCCL");
+    nc_fail(ncclInvalidUsage, "this NCCL function is not supported by gpumem's simulated NCCL");
 }
 
-ncclResult_t nccl_comm_check(ncclComm_t comm, const char *fn)
+ncclResult_t nc_comm_check(ncclComm_t comm, const char *fn)
 {
     if (!comm)
-        return nccl_fail(ncclInvalidArgument, "%s : comm argument is NULL", fn);
+        return nc_fail(ncclInvalidArgument, "%s : comm argument is NULL", fn);
     pthread_mutex_lock(&mu);
     struct ncclComm *c = live;
     while (c && c != comm)
         c = c->next;
     pthread_mutex_unlock(&mu);
     if (!c || c->magic != NCCL_COMM_MAGIC)
-        return nccl_fail(ncclInvalidArgument, "%s : comm %p is not a live communicator", fn,
+        return nc_fail(ncclInvalidArgument, "%s : comm %p is not a live communicator", fn,
                          (void *)comm);
     return ncclSuccess;
 }
@@ -72,7 +72,7 @@ NCCL_API ncclResult_t ncclGetVersion(int *version)
 {
     SIM_ENTRY("ncclGetVersion");
     if (!version)
-        return nccl_fail(ncclInvalidArgument, "ncclGetVersion : version argument is NULL");
+        return nc_fail(ncclInvalidArgument, "ncclGetVersion : version argument is NULL");
     *version = NCCL_VERSION_CODE;
     return ncclSuccess;
 }
@@ -110,7 +110,7 @@ NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 {
     SIM_ENTRY("ncclGetUniqueId");
     if (!id)
-        return nccl_fail(ncclInvalidArgument, "ncclGetUniqueId : uniqueId argument is NULL");
+        return nc_fail(ncclInvalidArgument, "ncclGetUniqueId : uniqueId argument is NULL");
     memset(id, 0, sizeof *id);
     memcpy(id->internal, "gpumem-sim-nccl", 16);
     struct timespec ts;
@@ -127,7 +127,7 @@ static ncclResult_t current_device(int *dev)
 {
     CUresult r = cuInit(0);
     if (r != CUDA_SUCCESS)
-        return nccl_cuda_fail(r, "cuInit");
+        return nc_cuda_fail(r, "cuInit");
     CUcontext ctx = NULL;
     CUdevice d = 0;
     if (cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx && cuCtxGetDevice(&d) == CUDA_SUCCESS)
@@ -144,11 +144,11 @@ static ncclResult_t check_config(const ncclConfig_t *config, int *blocking, cons
     if (!config)
         return ncclSuccess;
     if (config->magic != NCCL_API_MAGIC || config->size < offsetof(ncclConfig_t, cgaClusterSize))
-        return nccl_fail(ncclInvalidArgument,
+        return nc_fail(ncclInvalidArgument,
                          "%s : the configuration was not initialised with NCCL_CONFIG_INITIALIZER", fn);
     if (config->blocking != NCCL_CONFIG_UNDEF_INT) {
         if (config->blocking != 0 && config->blocking != 1)
-            return nccl_fail(ncclInvalidArgument, "%s : blocking %d must be 0 or 1", fn,
+            return nc_fail(ncclInvalidArgument, "%s : blocking %d must be 0 or 1", fn,
                              config->blocking);
         *blocking = config->blocking;
     }
@@ -160,18 +160,18 @@ static ncclResult_t comm_create(ncclComm_t *out, int nranks, int rank, int dev, 
     int ndev = 0;
     CUresult r = cuDeviceGetCount(&ndev);
     if (r != CUDA_SUCCESS)
-        return nccl_cuda_fail(r, "cuDeviceGetCount");
+        return nc_cuda_fail(r, "cuDeviceGetCount");
     if (dev < 0 || dev >= ndev)
-        return nccl_fail(ncclInvalidArgument, "invalid device %d (%d devices)", dev, ndev);
+        return nc_fail(ncclInvalidArgument, "invalid device %d (%d devices)", dev, ndev);
     struct ncclComm *c = calloc(1, sizeof *c);
     if (!c)
-        return nccl_fail(ncclSystemError, "out of host memory");
+        return nc_fail(ncclSystemError, "out of host memory");
     c->magic = NCCL_COMM_MAGIC;
     c->nranks = nranks;
     c->rank = rank;
     c->cudaDev = dev;
     c->blocking = blocking;
-    ncclResult_t res = nccl_charge(c);
+    ncclResult_t res = nc_charge(c);
     if (res != ncclSuccess) {
         free(c);
         return res;
@@ -189,10 +189,10 @@ static ncclResult_t init_rank(ncclComm_t *comm, int nranks, int rank, ncclConfig
                               const char *fn)
 {
     if (!comm)
-        return nccl_fail(ncclInvalidArgument, "%s : comm argument is NULL", fn);
+        return nc_fail(ncclInvalidArgument, "%s : comm argument is NULL", fn);
     *comm = NULL;
     if (nranks < 1 || rank < 0 || rank >= nranks)
-        return nccl_fail(ncclInvalidArgument, "%s : invalid rank requested : %d/%d", fn, rank,
+        return nc_fail(ncclInvalidArgument, "%s : invalid rank requested : %d/%d", fn, rank,
                          nranks);
     int blocking = 1, dev = 0;
     ncclResult_t r = check_config(config, &blocking, fn);
@@ -222,14 +222,14 @@ NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *de
 {
     SIM_ENTRY("ncclCommInitAll");
     if (!comms)
-        return nccl_fail(ncclInvalidArgument, "ncclCommInitAll : comms argument is NULL");
+        return nc_fail(ncclInvalidArgument, "ncclCommInitAll : comms argument is NULL");
     if (ndev < 1)
-        return nccl_fail(ncclInvalidArgument, "ncclCommInitAll : invalid ndev %d", ndev);
+        return nc_fail(ncclInvalidArgument, "ncclCommInitAll : invalid ndev %d", ndev);
     if (devlist)
         for (int i = 0; i < ndev; i++)
             for (int j = 0; j < i; j++)
                 if (devlist[i] == devlist[j])
-                    return nccl_fail(ncclInvalidUsage, "ncclCommInitAll : duplicate device %d",
+                    return nc_fail(ncclInvalidUsage, "ncclCommInitAll : duplicate device %d",
                                      devlist[i]);
     int blocking;
     ncclResult_t r = check_config(NULL, &blocking, "ncclCommInitAll");
@@ -251,13 +251,13 @@ NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCom
 {
     SIM_ENTRY("ncclCommSplit");
     (void)key;
-    ncclResult_t r = nccl_comm_check(comm, "ncclCommSplit");
+    ncclResult_t r = nc_comm_check(comm, "ncclCommSplit");
     if (r != ncclSuccess)
         return r;
     if (!newcomm)
-        return nccl_fail(ncclInvalidArgument, "ncclCommSplit : newcomm argument is NULL");
+        return nc_fail(ncclInvalidArgument, "ncclCommSplit : newcomm argument is NULL");
     if (color < NCCL_SPLIT_NOCOLOR)
-        return nccl_fail(ncclInvalidArgument, "ncclCommSplit : invalid color %d", color);
+        return nc_fail(ncclInvalidArgument, "ncclCommSplit : invalid color %d", color);
     *newcomm = NULL;
     int blocking;
     if ((r = check_config(config, &blocking, "ncclCommSplit")) != ncclSuccess)
@@ -273,11 +273,11 @@ NCCL_ALIAS(ncclCommSplit);
 NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
     SIM_ENTRY("ncclCommFinalize");
-    ncclResult_t r = nccl_comm_check(comm, "ncclCommFinalize");
+    ncclResult_t r = nc_comm_check(comm, "ncclCommFinalize");
     if (r != ncclSuccess)
         return r;
     if (comm->finalized)
-        return nccl_fail(ncclInvalidUsage, "ncclCommFinalize : comm %p is already finalized",
+        return nc_fail(ncclInvalidUsage, "ncclCommFinalize : comm %p is already finalized",
                          (void *)comm);
     comm->finalized = 1; /* operations complete in stream order: nothing to flush */
     return ncclSuccess;
@@ -299,9 +299,9 @@ static ncclResult_t comm_end(ncclComm_t comm, const char *fn)
     }
     pthread_mutex_unlock(&mu);
     if (!found)
-        return nccl_fail(ncclInvalidArgument, "%s : comm %p is not a live communicator", fn,
+        return nc_fail(ncclInvalidArgument, "%s : comm %p is not a live communicator", fn,
                          (void *)comm);
-    nccl_release(comm);
+    nc_release(comm);
     comm->magic = 0;
     free(comm);
     return ncclSuccess;
@@ -326,11 +326,11 @@ NCCL_ALIAS(ncclCommAbort);
 
 #define QUERY(fn, arg, value)                                                        \
     do {                                                                             \
-        ncclResult_t r_ = nccl_comm_check(comm, fn);                                 \
+        ncclResult_t r_ = nc_comm_check(comm, fn);                                 \
         if (r_ != ncclSuccess)                                                       \
             return r_;                                                               \
         if (!(arg))                                                                  \
-            return nccl_fail(ncclInvalidArgument, "%s : " #arg " argument is NULL", fn); \
+            return nc_fail(ncclInvalidArgument, "%s : " #arg " argument is NULL", fn); \
         *(arg) = (value);                                                            \
         return ncclSuccess;                                                          \
     } while (0)
@@ -368,17 +368,17 @@ NCCL_ALIAS(ncclCommGetAsyncError);
 NCCL_API ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value)
 {
     SIM_ENTRY("ncclCommMemStats");
-    ncclResult_t r = nccl_comm_check(comm, "ncclCommMemStats");
+    ncclResult_t r = nc_comm_check(comm, "ncclCommMemStats");
     if (r != ncclSuccess)
         return r;
     if (!value)
-        return nccl_fail(ncclInvalidArgument, "ncclCommMemStats : value argument is NULL");
+        return nc_fail(ncclInvalidArgument, "ncclCommMemStats : value argument is NULL");
     switch (stat) {
     case ncclStatGpuMemSuspend: *value = 0; break;   /* nothing can be suspended */
     case ncclStatGpuMemSuspended: *value = 0; break;
     case ncclStatGpuMemPersist:
     case ncclStatGpuMemTotal: *value = comm->buffer_bytes; break;
-    default: return nccl_fail(ncclInvalidArgument, "ncclCommMemStats : invalid stat %d", (int)stat);
+    default: return nc_fail(ncclInvalidArgument, "ncclCommMemStats : invalid stat %d", (int)stat);
     }
     return ncclSuccess;
 }
@@ -400,7 +400,7 @@ SIM_API int gpumem_sim_nccl_report_json(char *buf, size_t len)
                   "\"comms_destroyed\": %llu, \"comms_live\": %zu, \"buffer_bytes_live\": %zu, "
                   "\"ops_launched\": %llu, ",
                   NCCL_VERSION_CODE, n_created, n_destroyed, n_live, bytes,
-                  __atomic_load_n(&nccl_ops_launched, __ATOMIC_RELAXED));
+                  __atomic_load_n(&nc_ops_launched, __ATOMIC_RELAXED));
     pthread_mutex_unlock(&mu);
     sim_report_calls(&sb);
     sim_sb_printf(&sb, "}");

@@ -35,23 +35,23 @@ struct ncclComm {
 };
 
 /* Registry of live communicators (nccl_comm.c); never dereference a comm
- * that nccl_comm_check did not accept. */
-ncclResult_t nccl_comm_check(ncclComm_t comm, const char *fn);
+ * that nc_comm_check did not accept. */
+ncclResult_t nc_comm_check(ncclComm_t comm, const char *fn);
 
 /* The thread's last error text (ncclGetLastError); returns code. */
-ncclResult_t nccl_fail(ncclResult_t code, const char *fmt, ...)
+ncclResult_t nc_fail(ncclResult_t code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* A failed driver call: ncclUnhandledCudaError with the driver's text. */
-ncclResult_t nccl_cuda_fail(CUresult r, const char *what);
+ncclResult_t nc_cuda_fail(CUresult r, const char *what);
 
 /* NCCL's device memory per communicator (nccl_mem.c). */
-size_t nccl_comm_buffer_bytes(int nranks);
-ncclResult_t nccl_charge(struct ncclComm *c);
-void nccl_release(struct ncclComm *c);
+size_t nc_comm_buffer_bytes(int nranks);
+ncclResult_t nc_charge(struct ncclComm *c);
+void nc_release(struct ncclComm *c);
 
 
 /* Exported by the fake libcuda.so.1: one kernel on the stream's timeline. */
-extern unsigned long long nccl_ops_launched;
+extern unsigned long long nc_ops_launched;
 
 CUresult fakecuda_launch(CUstream hStream, long long cycles);
 

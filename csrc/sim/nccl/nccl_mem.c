@@ -42,7 +42,7 @@ static long long env_ll(const char *name, long long dflt)
     return (*end || v <= 0) ? dflt : v; /* NCCL ignores values it cannot use (-2: default) */
 }
 
-size_t nccl_comm_buffer_bytes(int nranks)
+size_t nc_comm_buffer_bytes(int nranks)
 {
     if (nranks <= 1)
         return 0;
@@ -60,12 +60,12 @@ size_t nccl_comm_buffer_bytes(int nranks)
     return (size_t)ch * 2 * per;
 }
 
-ncclResult_t nccl_charge(struct ncclComm *c)
+ncclResult_t nc_charge(struct ncclComm *c)
 {
     CUresult r = cuDevicePrimaryCtxRetain(&c->ctx, c->cudaDev);
     if (r != CUDA_SUCCESS)
-        return nccl_cuda_fail(r, "cuDevicePrimaryCtxRetain");
-    size_t bytes = nccl_comm_buffer_bytes(c->nranks);
+        return nc_cuda_fail(r, "cuDevicePrimaryCtxRetain");
+    size_t bytes = nc_comm_buffer_bytes(c->nranks);
     if (bytes == 0)
         return ncclSuccess;
     CUcontext prev;
@@ -76,13 +76,13 @@ ncclResult_t nccl_charge(struct ncclComm *c)
     if (r != CUDA_SUCCESS) {
         cuDevicePrimaryCtxRelease_v2(c->cudaDev);
         c->ctx = NULL;
-        return nccl_cuda_fail(r, "allocating the communicator's buffers");
+        return nc_cuda_fail(r, "allocating the communicator's buffers");
     }
     c->buffer_bytes = bytes;
     return ncclSuccess;
 }
 
-void nccl_release(struct ncclComm *c)
+void nc_release(struct ncclComm *c)
 {
     if (!c->ctx)
         return;
@@ -108,7 +108,7 @@ NCCL_API ncclResult_t ncclMemAlloc(void **ptr, size_t size)
 {
     SIM_ENTRY("ncclMemAlloc");
     if (!ptr)
-        return nccl_fail(ncclInvalidArgument, "ncclMemAlloc : ptr argument is NULL");
+        return nc_fail(ncclInvalidArgument, "ncclMemAlloc : ptr argument is NULL");
     *ptr = NULL;
     if (size == 0)
         return ncclSuccess;
@@ -123,7 +123,7 @@ NCCL_API ncclResult_t ncclMemAlloc(void **ptr, size_t size)
     if (r == CUDA_SUCCESS)
         r = cuMemAlloc_v2(&p, (size + MEM_GRANULARITY - 1) / MEM_GRANULARITY * MEM_GRANULARITY);
     if (r != CUDA_SUCCESS)
-        return nccl_cuda_fail(r, "ncclMemAlloc");
+        return nc_cuda_fail(r, "ncclMemAlloc");
     *ptr = (void *)(uintptr_t)p;
     return ncclSuccess;
 }
@@ -135,7 +135,7 @@ NCCL_API ncclResult_t ncclMemFree(void *ptr)
     if (!ptr)
         return ncclSuccess;
     CUresult r = cuMemFree_v2((CUdeviceptr)(uintptr_t)ptr);
-    return r == CUDA_SUCCESS ? ncclSuccess : nccl_cuda_fail(r, "ncclMemFree");
+    return r == CUDA_SUCCESS ? ncclSuccess : nc_cuda_fail(r, "ncclMemFree");
 }
 NCCL_ALIAS(ncclMemFree);
 
@@ -152,17 +152,17 @@ static struct reg *regs;
 NCCL_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
 {
     SIM_ENTRY("ncclCommRegister");
-    ncclResult_t r = nccl_comm_check(comm, "ncclCommRegister");
+    ncclResult_t r = nc_comm_check(comm, "ncclCommRegister");
     if (r != ncclSuccess)
         return r;
     if (!handle)
-        return nccl_fail(ncclInvalidArgument, "ncclCommRegister : handle argument is NULL");
+        return nc_fail(ncclInvalidArgument, "ncclCommRegister : handle argument is NULL");
     if (!buff || size == 0)
-        return nccl_fail(ncclInvalidArgument, "ncclCommRegister : invalid buffer %p or size %zu",
+        return nc_fail(ncclInvalidArgument, "ncclCommRegister : invalid buffer %p or size %zu",
                          buff, size);
     struct reg *g = calloc(1, sizeof *g);
     if (!g)
-        return nccl_fail(ncclSystemError, "out of host memory");
+        return nc_fail(ncclSystemError, "out of host memory");
     g->comm = comm;
     g->buff = buff;
     g->size = size;
@@ -178,7 +178,7 @@ NCCL_ALIAS(ncclCommRegister);
 NCCL_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
 {
     SIM_ENTRY("ncclCommDeregister");
-    ncclResult_t r = nccl_comm_check(comm, "ncclCommDeregister");
+    ncclResult_t r = nc_comm_check(comm, "ncclCommDeregister");
     if (r != ncclSuccess)
         return r;
     pthread_mutex_lock(&reg_mu);
@@ -190,7 +190,7 @@ NCCL_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
         *pp = g->next;
     pthread_mutex_unlock(&reg_mu);
     if (!g)
-        return nccl_fail(ncclInvalidArgument,
+        return nc_fail(ncclInvalidArgument,
                          "ncclCommDeregister : handle %p is not registered with comm %p", handle,
                          (void *)comm);
     free(g);
