@@ -5,7 +5,7 @@
 
 The simulator is a set of fake NVIDIA libraries (a CUDA driver
 ``libcuda.so.1``, NVML ``libnvidia-ml.so.1``, runtime ``libcudart.so.13``,
-``libcublas.so.13``, ``libcublasLt.so.13`` and cuDNN ``libcudnn.so.9``; sources and design in
+``libcublas.so.13``, ``libcublasLt.so.13``, cuDNN ``libcudnn.so.9`` and NCCL ``libnccl.so.2``; sources and design in
 csrc/sim/README.md). "Device"
 memory is host memory reserved with MAP_NORESERVE, so an 80 GiB device costs
 only what the program touches; kernels and GEMMs do nothing, copies and

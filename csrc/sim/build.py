@@ -397,7 +397,7 @@ def build_sim_libs(out_dir: Union[str, os.PathLike], extra_flags: Iterable[str] 
     This is what setup.py calls, with out_dir = the package's gpumem/_sim
     (in build_lib for a wheel, in the source tree for an editable install)
     and work_dir = a temporary build directory: out_dir then receives the
-    five .so files and nothing else, while the generated stubs, version
+    seven .so files and nothing else, while the generated stubs, version
     scripts and .buildinfo stamps (which make rebuilds incremental) go to
     work_dir (default: out_dir itself). The fake driver is compiled against
     the project's own declarations, so the result does not depend on which
