@@ -158,6 +158,7 @@ def test_operations_checks_timeline_groups_and_graphs():
         F32, SUM = 7, 0
         def ar(dtype=F32, op=SUM, comm=None, stream=None):
             return nc.ncclAllReduce(p, p, sz(256), dtype, op, comm or c, stream if stream is not None else s)
+        report_rt = report
         def report():
             n = nc.gpumem_sim_nccl_report_json(None, 0)
             b = C.create_string_buffer(n + 1); nc.gpumem_sim_nccl_report_json(b, n + 1)
@@ -206,6 +207,7 @@ def test_operations_checks_timeline_groups_and_graphs():
                 rt.cudaGraphLaunch(ex, s), rt.cudaStreamSynchronize(s)]
         o["capture"] = cap
         o["destroy"] = nc.ncclCommDestroy(c)
+        o["runtime_report"] = report_rt()["nccl"]["comms_destroyed"]
         emit(o)
     '''))
     assert o["ok"] == [0] * 9
@@ -219,6 +221,7 @@ def test_operations_checks_timeline_groups_and_graphs():
     assert ten >= empty + 10 * 0.004  # 5 us per kernel (driver/README.md)
     assert o["capture"] == [0, 0, 0, 0, 2, 0, 0, 0]
     assert o["destroy"] == 0
+    assert o["runtime_report"] == 1  # the runtime's report embeds the fake NCCL's
 
 
 def test_buffer_memory_charged_to_the_device_and_freed():
