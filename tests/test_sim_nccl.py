@@ -100,6 +100,11 @@ def test_version_ids_communicators_and_rejections():
         o["reject"]["bad_blocking"] = nc.ncclCommInitRankConfig(C.byref(vp()), 2, uid(), 0,
                                                                 C.byref(config(blocking=3)))
         o["reject"]["null_query"] = nc.ncclCommCount(None, C.byref(n))
+        ids = (Id * 2)(uid(), uid())
+        o["reject"]["scalable_nid0"] = nc.ncclCommInitRankScalable(C.byref(vp()), 2, 0, 0, ids, None)
+        sc = vp()
+        o["scalable"] = [nc.ncclCommInitRankScalable(C.byref(sc), 4, 3, 2, ids, None),
+                         nc.ncclCommUserRank(sc, C.byref(k)), k.value, nc.ncclCommDestroy(sc)]
         # non-blocking communicators report success
         nb = vp()
         o["nonblocking"] = [nc.ncclCommInitRankConfig(C.byref(nb), 2, uid(), 0,
@@ -141,7 +146,9 @@ def test_version_ids_communicators_and_rejections():
     assert o["comm"] == [0, True, 0, 2, 0, 1, 0, 1, 4]
     assert o["async"] == [0, 0]
     assert o["reject"] == {"null_comm_ptr": 4, "nranks0": 4, "rank_high": 4, "rank_neg": 4,
-                           "bad_magic": 4, "bad_blocking": 4, "null_query": 4}
+                           "bad_magic": 4, "bad_blocking": 4, "null_query": 4,
+                           "scalable_nid0": 4}
+    assert o["scalable"] == [0, 0, 3, 0]
     assert "rank" in o["reject_text"] and "-1/2" in o["reject_text"]
     assert o["nonblocking"] == [0, 0, 0]
     assert o["split"] == [0, None, 0, True, 4, 1, 1]
@@ -174,6 +181,7 @@ def test_operations_checks_timeline_groups_and_graphs():
                        "null_comm": nc.ncclAllReduce(p, p, sz(4), F32, SUM, None, s),
                        "root": nc.ncclBroadcast(p, p, sz(4), F32, 2, c, s),
                        "peer": nc.ncclSend(p, sz(4), F32, -1, c, s),
+                       "root_min": nc.ncclBroadcast(p, p, sz(4), F32, -(1 << 31), c, s),
                        "stream": ar(stream=vp(0x1234))}
         o["stream_text"] = last()
         # user reduction operations live on their communicator
@@ -213,7 +221,7 @@ def test_operations_checks_timeline_groups_and_graphs():
     assert o["ok"] == [0] * 9
     assert o["launched"] == 9
     assert o["reject"] == {"dtype": 4, "op": 4, "op_neg": 4, "null_comm": 4, "root": 4,
-                           "peer": 4, "stream": 1}
+                           "peer": 4, "root_min": 4, "stream": 1}
     assert "Cuda failure" in o["stream_text"]
     assert o["premul"] == [0, 5, 0, 0, 4, 4, 4]
     assert o["group"] == [[0, 0, 0, 0, 0, 0, 0, 5], 0, 1]

@@ -86,6 +86,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
                                     ncclConfig_t *config);
+ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
+                                      ncclUniqueId *commIds, ncclConfig_t *config);
 ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                            ncclConfig_t *config);

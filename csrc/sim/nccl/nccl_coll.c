@@ -122,13 +122,13 @@ static int check_pointers(void)
 }
 
 #define OP_NONE INT_MIN   /* operations that do not reduce */
-#define ROOT_NONE INT_MIN /* operations without a root or peer */
+#define ROOT_NONE LLONG_MIN /* operations without a root or peer (no int is) */
 enum { AT_ROOT = 2 };  /* a buffer used only on the root rank */
 
 /* NCCL's ArgsCheck. root: the root or peer, or ROOT_NONE. send/recv:
  * whether the buffers are used (1), not (0) or on the root only (AT_ROOT),
  * for the pointer check. */
-static ncclResult_t check(ncclComm_t comm, ncclDataType_t type, int op, int root,
+static ncclResult_t check(ncclComm_t comm, ncclDataType_t type, int op, long long root,
                           const void *send, int use_send, const void *recv, int use_recv,
                           const char *fn)
 {
@@ -138,7 +138,7 @@ static ncclResult_t check(ncclComm_t comm, ncclDataType_t type, int op, int root
     if (comm->finalized)
         return nc_fail(ncclInvalidUsage, "%s : comm %p is finalized", fn, (void *)comm);
     if (root != ROOT_NONE && (root < 0 || root >= comm->nranks))
-        return nc_fail(ncclInvalidArgument, "%s : invalid root %d (root should be in the 0..%d range)",
+        return nc_fail(ncclInvalidArgument, "%s : invalid root %lld (root should be in the 0..%d range)",
                          fn, root, comm->nranks - 1);
     if ((int)type < 0 || (int)type >= ncclNumTypes)
         return nc_fail(ncclInvalidArgument, "%s : invalid type %d", fn, (int)type);

@@ -218,6 +218,19 @@ NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclU
 }
 NCCL_ALIAS(ncclCommInitRankConfig);
 
+/* Several roots' ids (NCCL spreads the bootstrap of large jobs): the ids
+ * carry nothing the fake needs, so only their count and pointer are checked. */
+NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
+                                               ncclUniqueId *commIds, ncclConfig_t *config)
+{
+    SIM_ENTRY("ncclCommInitRankScalable");
+    if (nId < 1 || !commIds)
+        return nc_fail(ncclInvalidArgument, "ncclCommInitRankScalable : invalid nId %d or ids %p",
+                       nId, (void *)commIds);
+    return init_rank(newcomm, nranks, myrank, config, "ncclCommInitRankScalable");
+}
+NCCL_ALIAS(ncclCommInitRankScalable);
+
 NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
 {
     SIM_ENTRY("ncclCommInitAll");
