@@ -323,20 +323,26 @@ def test_constants_and_config_layout_match_nvidia_header():
 # ----------------------------------------------------------------------
 # torch.distributed on 2 simulated ranks (slow)
 
-def _torchrun(tmp_path, script, *args, env=None, timeout=420):
+def _launch(cwd, argv, env=None, timeout=420):
+    """torchrun --nproc-per-node 2 argv on 2 simulated devices; the finished process."""
     sim_lib_dir()
-    path = tmp_path / "script.py"
-    path.write_text(textwrap.dedent(script))
     e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "gpumem.sim", "--devices", "2", "--", sys.executable, "-m",
-           "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-           str(path)] + list(args)
-    proc = subprocess.run(cmd, cwd=tmp_path, env=e, capture_output=True, text=True,
+           "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
+    proc = subprocess.run(cmd + list(argv), cwd=cwd, env=e, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+def _torchrun(tmp_path, script, env=None):
+    """Run script on 2 ranks; its RESULT lines, by rank."""
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(script))
+    proc = _launch(tmp_path, [str(path)], env)
     rows = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
             if line.startswith("RESULT ")]
     assert sorted(r["rank"] for r in rows) == [0, 1], proc.stdout + proc.stderr[-3000:]
@@ -493,3 +499,15 @@ def test_fsdp2_fully_shard_on_two_ranks_under_torch_and_gpumem(tmp_path):
     for t, g in zip(torch_rows, gm_rows):
         assert t["sharded"] == 64  # linear1's 128 rows split over 2 ranks
         assert t["peak"] > 0 and t["peak"] == g["peak"], (t, g)
+
+
+@pytest.mark.slow
+@needs_torch
+def test_per_rank_example_with_nccl_on_two_ranks(tmp_path):
+    """examples/per_rank.py's torchrun line (--backend nccl), on 2 simulated ranks."""
+    proc = _launch(tmp_path, [str(ROOT / "examples" / "per_rank.py"), "--backend", "nccl",
+                              "--steps", "2"])
+    for rank in (0, 1):
+        assert f"rank {rank}: wrote" in proc.stdout + proc.stderr
+        assert (tmp_path / f"per_rank_rank{rank}.pickle").stat().st_size > 0
+    assert not (tmp_path / "per_rank.pickle").exists()
