@@ -349,6 +349,15 @@ def _torchrun(tmp_path, script, env=None):
     return sorted(rows, key=lambda r: r["rank"])
 
 
+def _under_both(tmp_path, script):
+    """(rows under torch's allocator, rows with gpumem installed)."""
+    out = []
+    for name, flag in (("torch", "0"), ("gpumem", "1")):
+        (tmp_path / name).mkdir()
+        out.append(_torchrun(tmp_path / name, script, env={"USE_GPUMEM": flag}))
+    return out
+
+
 HEAD = '''
 import json, os, pickle, sys
 import torch
@@ -420,10 +429,7 @@ os._exit(0)
 @pytest.mark.slow
 @needs_torch
 def test_ddp_transformer_peaks_equal_under_torch_and_gpumem(tmp_path):
-    (tmp_path / "t").mkdir()
-    (tmp_path / "g").mkdir()
-    torch_rows = _torchrun(tmp_path / "t", DDP, env={"USE_GPUMEM": "0"})
-    gm_rows = _torchrun(tmp_path / "g", DDP, env={"USE_GPUMEM": "1"})
+    torch_rows, gm_rows = _under_both(tmp_path, DDP)
     for t, g in zip(torch_rows, gm_rows):
         assert t["peak"] > 0 and t["peak"] == g["peak"], (t, g)
     assert torch_rows[0]["peak"] == torch_rows[1]["peak"]
@@ -492,10 +498,7 @@ os._exit(0)
 @pytest.mark.slow
 @needs_torch
 def test_fsdp2_fully_shard_on_two_ranks_under_torch_and_gpumem(tmp_path):
-    (tmp_path / "t").mkdir()
-    (tmp_path / "g").mkdir()
-    torch_rows = _torchrun(tmp_path / "t", FSDP2, env={"USE_GPUMEM": "0"})
-    gm_rows = _torchrun(tmp_path / "g", FSDP2, env={"USE_GPUMEM": "1"})
+    torch_rows, gm_rows = _under_both(tmp_path, FSDP2)
     for t, g in zip(torch_rows, gm_rows):
         assert t["sharded"] == 64  # linear1's 128 rows split over 2 ranks
         assert t["peak"] > 0 and t["peak"] == g["peak"], (t, g)
