@@ -196,6 +196,11 @@ def test_operations_checks_timeline_groups_and_graphs():
         mid = report()["ops_launched"] - before
         g += [nc.ncclGroupEnd(), nc.ncclGroupEnd()]
         o["group"] = [g, mid, report()["ops_launched"] - before]
+        # an operation that fails inside a group fails the group: nothing is launched
+        before = report()["ops_launched"]
+        o["group_error"] = [nc.ncclGroupStart(), ar(), ar(dtype=99), nc.ncclGroupEnd(),
+                            report()["ops_launched"] - before, nc.ncclGroupStart(), ar(),
+                            nc.ncclGroupEnd(), report()["ops_launched"] - before]
         # collectives take time on their stream's timeline
         e0, e1 = vp(), vp(); rt.cudaEventCreate(C.byref(e0)); rt.cudaEventCreate(C.byref(e1))
         ms = C.c_float()
@@ -225,6 +230,7 @@ def test_operations_checks_timeline_groups_and_graphs():
     assert "Cuda failure" in o["stream_text"]
     assert o["premul"] == [0, 5, 0, 0, 4, 4, 4]
     assert o["group"] == [[0, 0, 0, 0, 0, 0, 0, 5], 0, 1]
+    assert o["group_error"] == [0, 0, 4, 4, 0, 0, 0, 0, 1]
     empty, ten = o["timeline"]
     assert ten >= empty + 10 * 0.004  # 5 us per kernel (driver/README.md)
     assert o["capture"] == [0, 0, 0, 0, 2, 0, 0, 0]

@@ -66,6 +66,15 @@ static __thread int n_pending;
 static __thread struct pending pending[GROUP_MAX];
 static __thread ncclResult_t group_error;
 
+/* An operation that fails inside a group fails the whole group: its
+ * ncclGroupEnd returns the error and launches nothing (NCCL's group error). */
+static ncclResult_t group_failed(ncclResult_t r)
+{
+    if (group_depth > 0 && group_error == ncclSuccess)
+        group_error = r;
+    return r;
+}
+
 static ncclResult_t launch(CUcontext ctx, cudaStream_t stream, const char *fn)
 {
     CUcontext prev;
@@ -165,7 +174,7 @@ static ncclResult_t check(ncclComm_t comm, ncclDataType_t type, int op, long lon
         SIM_ENTRY(fn);                                      \
         ncclResult_t r_ = (checkexpr);                      \
         if (r_ != ncclSuccess)                              \
-            return r_;                                      \
+            return group_failed(r_);                        \
         size_t esz_ = type_size[datatype];                  \
         (void)esz_;                                         \
         data;                                               \
@@ -311,6 +320,7 @@ NCCL_API ncclResult_t ncclGroupEnd(void)
     for (int i = 0; i < n_pending && r == ncclSuccess; i++)
         r = launch(pending[i].ctx, pending[i].stream, "ncclGroupEnd");
     n_pending = 0;
+    group_error = ncclSuccess;
     return r;
 }
 NCCL_ALIAS(ncclGroupEnd);
