@@ -183,6 +183,8 @@ def test_operations_checks_timeline_groups_and_graphs():
                        "peer": nc.ncclSend(p, sz(4), F32, -1, c, s),
                        "root_min": nc.ncclBroadcast(p, p, sz(4), F32, -(1 << 31), c, s),
                        "stream": ar(stream=vp(0x1234))}
+        rt.cudaSetDevice(1); s1 = vp(); rt.cudaStreamCreate(C.byref(s1)); rt.cudaSetDevice(0)
+        o["reject"]["other_device_stream"] = ar(stream=s1)
         o["stream_text"] = last()
         # user reduction operations live on their communicator
         op = C.c_int(); scal = C.c_float(0.5)
@@ -222,11 +224,12 @@ def test_operations_checks_timeline_groups_and_graphs():
         o["destroy"] = nc.ncclCommDestroy(c)
         o["runtime_report"] = report_rt()["nccl"]["comms_destroyed"]
         emit(o)
-    '''))
+    '''), devices=2)
     assert o["ok"] == [0] * 9
     assert o["launched"] == 9
     assert o["reject"] == {"dtype": 4, "op": 4, "op_neg": 4, "null_comm": 4, "root": 4,
-                           "peer": 4, "root_min": 4, "stream": 1}
+                           "peer": 4, "root_min": 4, "stream": 1,
+                           "other_device_stream": 1}
     assert "Cuda failure" in o["stream_text"]
     assert o["premul"] == [0, 5, 0, 0, 4, 4, 4]
     assert o["group"] == [[0, 0, 0, 0, 0, 0, 0, 5], 0, 1]

@@ -91,6 +91,13 @@ static ncclResult_t launch(CUcontext ctx, cudaStream_t stream, const char *fn)
 
 static ncclResult_t enqueue(ncclComm_t comm, cudaStream_t stream, const char *fn)
 {
+    /* A stream of another device: NCCL's event record and launch on it fail
+     * (CUDA: invalid resource handle). 0, 1 (legacy) and 2 (per-thread)
+     * name the communicator's device's own streams. */
+    CUdevice d;
+    if ((uintptr_t)stream > 2 && cuStreamGetDevice((CUstream)stream, &d) == CUDA_SUCCESS &&
+        (int)d != comm->cudaDev)
+        return group_failed(nc_cuda_fail(CUDA_ERROR_INVALID_HANDLE, fn));
     if (group_depth == 0)
         return launch(comm->ctx, stream, fn);
     for (int i = 0; i < n_pending; i++)
