@@ -5,7 +5,7 @@
 
 The simulator is a set of fake NVIDIA libraries (a CUDA driver
 ``libcuda.so.1``, NVML ``libnvidia-ml.so.1``, runtime ``libcudart.so.13``,
-``libcublas.so.13``, ``libcublasLt.so.13`` and cuDNN ``libcudnn.so.9``; sources and design in
+``libcublas.so.13``, ``libcublasLt.so.13``, cuDNN ``libcudnn.so.9`` and NCCL ``libnccl.so.2``; sources and design in
 csrc/sim/README.md). "Device"
 memory is host memory reserved with MAP_NORESERVE, so an 80 GiB device costs
 only what the program touches; kernels and GEMMs do nothing, copies and
@@ -63,7 +63,8 @@ class SimError(RuntimeError):
 def sonames(cuda_major: int = CUDA_MAJOR) -> List[str]:
     """The fake libraries, in LD_PRELOAD order (driver first)."""
     return ["libcuda.so.1", "libnvidia-ml.so.1", f"libcudart.so.{cuda_major}",
-            f"libcublasLt.so.{cuda_major}", f"libcublas.so.{cuda_major}", "libcudnn.so.9"]
+            f"libcublasLt.so.{cuda_major}", f"libcublas.so.{cuda_major}", "libcudnn.so.9",
+            "libnccl.so.2"]
 
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,

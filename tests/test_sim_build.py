@@ -45,6 +45,7 @@ EXTRA_EXPORTS = {
     "libcublasLt.so.13": {"gpumem_sim_cublaslt_report_json"},
     "libcublas.so.13": {"gpumem_sim_cublas_report_json", "gpumem_sim_cublas_is_handle"},
     "libcudnn.so.9": {"gpumem_sim_cudnn_report_json"},
+    "libnccl.so.2": {"gpumem_sim_nccl_report_json"},
 }
 
 
@@ -62,7 +63,7 @@ def _wheel_dir():
 def test_build_sim_libs_builds_all_and_caches(tmp_path):
     libs = simbuild.build_sim_libs(tmp_path / "sim")
     assert list(libs) == ["libcuda.so.1", "libnvidia-ml.so.1", "libcudart.so.13", "libcublasLt.so.13",
-                          "libcublas.so.13", "libcudnn.so.9"]
+                          "libcublas.so.13", "libcudnn.so.9", "libnccl.so.2"]
     assert list(libs) == simbuild.sim_sonames(MAJOR)
     from gpumem import sim
     assert sim.sonames(MAJOR) == list(libs)  # the launcher's preload order
@@ -85,7 +86,7 @@ def test_build_sim_libs_builds_all_and_caches(tmp_path):
 
 
 @pytest.mark.parametrize("soname", ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13",
-                                    "libnvidia-ml.so.1", "libcudnn.so.9"])
+                                    "libnvidia-ml.so.1", "libcudnn.so.9", "libnccl.so.2"])
 def test_exports_every_name_of_the_real_library_in_its_version_node(soname):
     lib = sim_lib_dir() / soname
     base = soname.split(".so")[0]
@@ -106,13 +107,13 @@ def test_exports_every_name_of_the_real_library_in_its_version_node(soname):
     implemented = {n for n, k in defined.items() if k == "T"}
     assert implemented >= EXTRA_EXPORTS[soname]
     assert {k for n, k in defined.items() if n not in implemented} <= {"W"}
-    if not versioned:
+    if base == "libnvidia-ml":
         assert implemented == set(defined)  # NVML: everything listed is implemented
     # Every function the sources define with an API name is exported: a
     # misspelt name would silently stay a stub.
     prefix = {"libcudart.so.13": ("cuda", "__cuda"), "libcublasLt.so.13": ("cublasLt",),
               "libcublas.so.13": ("cublas",), "libnvidia-ml.so.1": ("nvml",),
-              "libcudnn.so.9": ("cudnn",)}[soname]
+              "libcudnn.so.9": ("cudnn",), "libnccl.so.2": ("nccl", "pnccl")}[soname]
     hidden = {p[-1] for p in _nm(lib) if len(p) == 3 and p[1] in "tT" and p[2].startswith(prefix)
               and not p[2].endswith("_impl") and "." not in p[2]}
     assert hidden - set(defined) == set()

@@ -15,6 +15,7 @@ Libraries (csrc/sim/README.md explains each):
     libcublasLt.so.N   fake cuBLASLt (csrc/sim/cublas)
     libcublas.so.N     fake cuBLAS (csrc/sim/cublas)
     libcudnn.so.9      fake cuDNN 9 (csrc/sim/cudnn), its list in cudaN/ too
+    libnccl.so.2       fake NCCL 2 (csrc/sim/nccl), its list in cudaN/ too
 
 N is the CUDA major version; everything version-specific comes from
 csrc/sim/cudaN/ (export lists <soname>.syms and sim_abi.h). For every
@@ -94,6 +95,13 @@ LIBS = {
                               "cudnn_backend_engine.c"),
                      exports=("gpumem_sim_cudnn_report_json",), unsupported=3000, version=True,
                      driver=False),
+    # NVIDIA's libnccl.so.2 has no version node (PyTorch's references are
+    # unversioned); its list is in cudaN/ all the same, since the wheel is
+    # built for one CUDA major version. Stubs answer ncclInvalidUsage (5).
+    "libnccl": dict(soname="libnccl.so.2", src="nccl",
+                    sources=("nccl_comm.c", "nccl_mem.c", "nccl_coll.c"),
+                    exports=("gpumem_sim_nccl_report_json",), unsupported=5, version=False,
+                    driver=True),
 }
 COMMON_SOURCES = ("common/simcommon.c", "common/simjson.c")
 # The driver shares only the JSON builder with them.
@@ -308,7 +316,7 @@ def syms_path(base: str, cuda_major: int = DEFAULT_CUDA_MAJOR) -> Path:
     """The export list of a fake library."""
     spec = LIBS[base]
     soname = spec["soname"].format(major=cuda_major)
-    return version_dir(cuda_major) / f"{soname}.syms" if spec["version"] else SIM_DIR / spec["syms"]
+    return SIM_DIR / spec["syms"] if "syms" in spec else version_dir(cuda_major) / f"{soname}.syms"
 
 
 def _stubs_source(soname: str, rows: List[Tuple[str, str]], unsupported_code: int) -> str:
@@ -389,7 +397,7 @@ def build_sim_libs(out_dir: Union[str, os.PathLike], extra_flags: Iterable[str] 
     This is what setup.py calls, with out_dir = the package's gpumem/_sim
     (in build_lib for a wheel, in the source tree for an editable install)
     and work_dir = a temporary build directory: out_dir then receives the
-    five .so files and nothing else, while the generated stubs, version
+    seven .so files and nothing else, while the generated stubs, version
     scripts and .buildinfo stamps (which make rebuilds incremental) go to
     work_dir (default: out_dir itself). The fake driver is compiled against
     the project's own declarations, so the result does not depend on which

@@ -3,7 +3,8 @@
     python csrc/sim/gen_exports.py [--major 13] [--lib-dir DIR] [--include-dir DIR] [--out DIR]
 
 For every library the simulator fakes (libcudart, libcublas, libcublasLt of
-one CUDA major version, and cuDNN 9's libcudnn.so.9 built for it) this reads the real library's dynamic symbol table
+one CUDA major version, cuDNN 9's libcudnn.so.9 and NCCL 2's libnccl.so.2
+built for it) this reads the real library's dynamic symbol table
 with ``nm -D --defined-only`` and writes ``csrc/sim/cudaNN/<soname>.syms``:
 one exported name per line, sorted, optionally followed by the policy the
 fake's generated stub follows when the name is not implemented in C:
@@ -46,7 +47,11 @@ LIBRARIES = {
 # also go to cudaNN/, since the wheel is built for that CUDA major version.
 SEPARATE = {
     "libcudnn": ("libcudnn.so.9", "nvidia-cudnn-cu{major}", "cudnn"),
+    "libnccl": ("libnccl.so.2", "nvidia-nccl-cu{major}", "nccl"),
 }
+# Libraries whose names carry no version node (NCCL's: `nm -D` shows plain
+# names, and PyTorch's references to them are unversioned).
+UNVERSIONED = {"libnccl"}
 
 
 def nvidia_dir(major: int) -> Optional[Path]:
@@ -73,8 +78,9 @@ def separate_dir(base: str) -> Optional[Path]:
     return None
 
 
-def read_exports(lib: Path, version_node: str) -> List[str]:
-    """Names the library defines, checking they all carry version_node."""
+def read_exports(lib: Path, version_node: Optional[str]) -> List[str]:
+    """Names the library defines, checking they all carry version_node
+    (None: that none carries a version)."""
     out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True,
                          check=True).stdout
     names = []
@@ -87,7 +93,7 @@ def read_exports(lib: Path, version_node: str) -> List[str]:
         version = version.lstrip("@")
         if kind == "A" and name == version_node:
             continue  # the version node's own symbol
-        if version != version_node:
+        if version != (version_node or ""):
             raise SystemExit(f"{lib}: {sym} is not in version node {version_node}")
         names.append(name)
     return sorted(set(names))
@@ -146,7 +152,7 @@ def generate(major: int, lib_dir: Path, include_dir: Optional[Path],
         lib = where / so
         if not lib.is_file():
             raise SystemExit(f"{lib} not found (use --lib-dir)")
-        names = read_exports(lib, so)
+        names = read_exports(lib, None if base in UNVERSIONED else so)
         policies: Dict[str, str] = {}
         if base == "libcublas":
             if include_dir is None or not (include_dir / "cublas_api.h").is_file():
@@ -179,6 +185,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--lib-dir", type=Path, help="directory with the real libraries")
     ap.add_argument("--include-dir", type=Path, help="directory with cublas_api.h")
     ap.add_argument("--cudnn-lib-dir", type=Path, help="directory with libcudnn.so.9")
+    ap.add_argument("--nccl-lib-dir", type=Path, help="directory with libnccl.so.2")
     ap.add_argument("--out", type=Path, help="output directory (default csrc/sim/cudaNN)")
     args = ap.parse_args(argv)
     base = nvidia_dir(args.major)
@@ -189,7 +196,11 @@ def main(argv: Optional[list] = None) -> int:
         return 1
     out_dir = args.out or HERE / f"cuda{args.major}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    separate = {"libcudnn": args.cudnn_lib_dir} if args.cudnn_lib_dir else None
+    separate = {}
+    if args.cudnn_lib_dir:
+        separate["libcudnn"] = args.cudnn_lib_dir
+    if args.nccl_lib_dir:
+        separate["libnccl"] = args.nccl_lib_dir
     for so, text in generate(args.major, lib_dir, inc, separate).items():
         (out_dir / f"{so}.syms").write_text(text)
         print(out_dir / f"{so}.syms")

@@ -10,7 +10,8 @@
  *    "kernels": {...}, "host": {...pinned memory...},
  *    "driver": <the fake libcuda's fakecuda_report_json: capacity, usage,
  *               peaks, per-function counts, leaks>,
- *    "cublas": <...> and "cublasLt": <...> when those fakes are loaded}
+ *    "cublas": <...>, "cublasLt": <...> and "nccl": <...> when those fakes
+ *    are loaded}
  *
  * With GPUMEM_SIM_REPORT=PATH the same object is written to PATH when the
  * process exits (atomically; only by the process that loaded the library,
@@ -56,6 +57,7 @@ SIM_API int gpumem_sim_cudart_report_json(char *buf, size_t len)
     embed(&sb, "driver", fakecuda_report_json);
     embed(&sb, "cublas", (report_fn)dlsym(RTLD_DEFAULT, "gpumem_sim_cublas_report_json"));
     embed(&sb, "cublasLt", (report_fn)dlsym(RTLD_DEFAULT, "gpumem_sim_cublaslt_report_json"));
+    embed(&sb, "nccl", (report_fn)dlsym(RTLD_DEFAULT, "gpumem_sim_nccl_report_json"));
     sim_sb_printf(&sb, "}");
     return sim_sb_finish(&sb, buf, len);
 }
