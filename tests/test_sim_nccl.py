@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from test_sim_helpers import ROOT, needs_cc, needs_torch, run_sim, sim_lib_dir
+from test_torch_common import _env, built_shim
 
 pytestmark = needs_cc
 
@@ -335,7 +336,10 @@ def test_constants_and_config_layout_match_nvidia_header():
 def _launch(cwd, argv, env=None, timeout=420):
     """torchrun --nproc-per-node 2 argv on 2 simulated devices; the finished process."""
     sim_lib_dir()
-    e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    # the session's torch shim (built once, never rebuilt by the ranks, which
+    # would build it twice at once into the user's cache otherwise)
+    built_shim()
+    e = _env(dict(env or {}))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
