@@ -108,7 +108,9 @@ def _activate() -> None:
     except Exception as e:  # the script still runs, on torch's allocator
         atexit.register(_report_unrecorded, f"{type(e).__name__}: {e}")
         return
-    _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "incomplete": True})
+    from gpumem.record import current_rank
+    _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "rank": current_rank(),
+                  "incomplete": True})
     atexit.register(_child_finish)
 
 

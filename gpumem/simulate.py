@@ -1,6 +1,7 @@
 """``gpumem simulate``: run a training script on the simulated GPU and report its memory.
 
     gpumem simulate [--gpu MODEL] [--memory 80GiB] [--devices N] [--out DIR] -- python train.py ...
+    gpumem simulate --nproc-per-node N [...] -- train.py ...   (N ranks: gpumem/_launch.py)
     python -m gpumem.simulate ...                  (the same, without the gpumem command)
 
 The command runs on the simulator (gpumem.sim: PyTorch's own CUDA build over
@@ -51,6 +52,7 @@ import tempfile
 import time
 from typing import Any, Optional
 
+from gpumem import _launch, _rank_report
 from gpumem._format import format_bytes
 from gpumem._simulate_child import ENV_CATEGORIES, ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
 
@@ -104,8 +106,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", default=None, metavar="SIZE",
                    help="memory of each simulated GPU, e.g. 80GiB, 24GiB, 512MiB (default: "
                         "the model's)")
-    p.add_argument("--devices", type=int, default=1, metavar="N",
-                   help="number of simulated GPUs (default 1)")
+    p.add_argument("--devices", type=int, default=None, metavar="N",
+                   help="number of simulated GPUs (default 1; N under --nproc-per-node N or "
+                        "a torchrun command's --nproc-per-node N)")
+    _launch.add_arguments(p)
     p.add_argument("--out", default="gpumem_simulate", metavar="DIR",
                    help="where the snapshots, viewer pages and summary.json go "
                         "(default ./gpumem_simulate)")
@@ -284,6 +288,7 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
             + [f"pid {p.get('pid')} ({' '.join(p.get('argv') or [])}): gpumem could not be "
                f"installed ({p['install_error']})" for p in unrecorded],
             "unrecorded": len(unrecorded),
+            **_rank_report.per_rank(rows, crashed, oom_files, memory, context),
             "limits": LIMITS}
 
 
@@ -307,7 +312,8 @@ def _print_report(r: dict[str, Any]) -> None:
              f"after {r['seconds']:.1f} s on {r['devices']} simulated GPU(s) of "
              f"{format_bytes(r['memory'], whole_units=True)}"
              + (f", {r['gpu']['model']}" if r.get("gpu") else "")]
-    if r["per_device"]:
+    lines.extend(_rank_report.rank_lines(r))
+    if r["per_device"] and not r.get("per_rank"):
         lines.append("peak memory (gpumem's allocator):")
         multi = len({(row["pid"]) for row in r["per_device"]}) > 1
         for row in r["per_device"]:
@@ -357,6 +363,13 @@ def run(args: argparse.Namespace) -> int:
     if args.max_entries < 1:
         return _error(f"--max-entries must be at least 1, not {args.max_entries}")
     try:
+        nproc = _launch.parse_nproc(args.nproc_per_node)
+        devices = _launch.devices_for(args.devices, nproc, cmd)
+        if nproc is not None:
+            cmd = _launch.launch_command(cmd, nproc)
+    except _launch.LaunchError as e:
+        return _error(str(e))
+    try:
         from gpumem import sim_gpus
         try:
             model = sim_gpus.lookup(args.gpu)
@@ -364,7 +377,8 @@ def run(args: argparse.Namespace) -> int:
             return _error(f"--gpu: {e}")
         memory = sim.parse_size(args.memory) if args.memory is not None else model["memory"]
         base = dict(os.environ)
-        env_probe = sim.sim_env(memory=memory, devices=args.devices, base=base, gpu=model.key)
+        env_probe = sim.sim_env(memory=memory, devices=devices, base=base, gpu=model.key)
+        _launch.host_memory_env(env_probe, args.host_memory, nproc)
     except sim.SimError as e:
         return _error(str(e))
     probe = dict(env_probe)
@@ -394,7 +408,7 @@ def run(args: argparse.Namespace) -> int:
         env[ENV_CATEGORIES] = "1" if args.categories else "0"
         env.setdefault("GPUMEM_OOM_SNAPSHOT", out)
         if not args.json:
-            print(f"gpumem simulate: running {shlex.join(cmd)} on {args.devices} simulated GPU(s) "
+            print(f"gpumem simulate: running {shlex.join(cmd)} on {devices} simulated GPU(s) "
                   f"of {format_bytes(memory, whole_units=True)} (memory behaviour only: kernels "
                   "compute nothing)",
                   file=sys.stderr, flush=True)
@@ -420,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
             oom_files.update(_new_oom_files(out, wall_start))
         oom_files = sorted(oom_files)
         pages = {} if args.no_view else _views(procs, oom_files, out)
-        report = _report(cmd, rc, memory, args.devices, out, procs, oom_files, pages, seconds,
+        report = _report(cmd, rc, memory, devices, out, procs, oom_files, pages, seconds,
                          context=_context_memory(env, model))
         report["gpu"] = sim_gpus.describe(model)
         if args.categories:
