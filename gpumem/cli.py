@@ -225,10 +225,15 @@ def _run_view(args: argparse.Namespace) -> int:
 
 
 def _add_summary_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("snapshot", metavar="SNAPSHOT.pickle", help=_SNAP_HELP)
+    p.add_argument("snapshot", metavar="SNAPSHOT.pickle|DIR",
+                   help=_SNAP_HELP + "; or a folder of per-rank snapshots (gpumem simulate's "
+                        "--out, or where ranks wrote *_rank<N>.pickle): the ranks side by side, "
+                        "one row per snapshot and device; a file in it that cannot be read is "
+                        "named on stderr and skipped (status 2 only when none can be read)")
     p.add_argument("--top", type=_count_arg, default=10, metavar="N",
                    help="how many allocation sites to list (default 10)")
-    p.add_argument("--device", type=_device_arg, metavar="N", help="only this device")
+    p.add_argument("--device", type=_device_arg, metavar="N",
+                   help="only this device (a single snapshot only)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_limit_args(p)
 
@@ -330,6 +335,8 @@ def _signed(n: int) -> str:
 def _run_summary(args: argparse.Namespace) -> int:
     from .analysis import summarize
 
+    if os.path.isdir(args.snapshot):
+        return _run_rank_summary(args)
     with gc_paused():   # plain acyclic data, built and walked once (see gc_paused)
         report = summarize(load_snapshot(args.snapshot, _limits(args)), args.snapshot, args.top,
                            args.device)
@@ -342,6 +349,22 @@ def _run_summary(args: argparse.Namespace) -> int:
     for d in report["devices"]:
         lines.extend(_summary_device(d))
     print("\n".join(lines))
+    return 0
+
+
+def _run_rank_summary(args: argparse.Namespace) -> int:
+    from ._rank_summary import summarize_folder, summary_lines
+
+    if args.device is not None:
+        _print_error("--device applies to a single snapshot, not to a folder of ranks")
+        return EXIT_USAGE
+    report = summarize_folder(args.snapshot, _limits(args))
+    for s in report["skipped"]:
+        print(f"{PROG}: warning: skipped {s['file']}: {s['error']}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print("\n".join(summary_lines(report, _short_site)))
     return 0
 
 
