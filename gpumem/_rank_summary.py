@@ -93,6 +93,7 @@ def summarize_folder(folder: str, limits: Limits) -> dict[str, Any]:
     top = max((r["peak_reserved"] for r in ranked), default=None)
     highest = sorted({r["rank"] for r in ranked if r["peak_reserved"] == top})
     return {"folder": folder, "rows": rows, "skipped": skipped, "highest_ranks": highest,
+            "highest_reserved": top,
             "ranks": sorted({r["rank"] for r in rows if r["rank"] is not None})}
 
 
@@ -119,7 +120,7 @@ def summary_lines(report: dict[str, Any], short_site: Any = lambda s: s) -> list
         else:
             lines.append(("rank " if len(high) == 1 else "ranks ")
                          + ", ".join(map(str, high)) + (" peaks" if len(high) == 1 else " peak")
-                         + " highest (peak reserved)")
+                         + f" highest (peak reserved {fb(report['highest_reserved'])})")
     for r in rows:
         o = r["last_oom"]
         if o:
