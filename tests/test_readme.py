@@ -81,6 +81,8 @@ MAIN_JOB = [
     "gpumem diff loss_leak_before.pickle loss_leak_after.pickle",
 ]
 COMPILED = ["gpumem simulate --gpu L4 -- python examples/compiled_fit.py --mode reduce-overhead"]
+RANKS = ["gpumem simulate --nproc-per-node 2 --out sim_ranks -- examples/per_rank.py --backend nccl",
+         "gpumem summary sim_ranks"]
 FAST_TIER = ['python -m pytest -q -m "not slow" tests']
 DOCTOR = ["gpumem doctor"]
 GPU_SUITE = [
@@ -94,14 +96,14 @@ BENCHMARKS_PREFIX = "python benchmarks/"
 def test_every_readme_command_is_covered():
     commands = readme_commands()
     covered = set(BY_CI) | set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) | set(DOCTOR)
-    covered |= set(GPU_SUITE) | set(COMPILED)
+    covered |= set(GPU_SUITE) | set(COMPILED) | set(RANKS)
     stray = [c for c in commands if c not in covered and not c.startswith(BENCHMARKS_PREFIX)]
     assert stray == [], f"README commands no test runs: {stray}"
     assert [c for c in commands if c in BY_CI] == list(BY_CI)   # one set-up, one test command
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert all(c in ci for c in BY_CI), ci
     assert set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) | set(DOCTOR) | set(GPU_SUITE) \
-        | set(COMPILED) <= set(commands)
+        | set(COMPILED) | set(RANKS) <= set(commands)
 
 
 def test_setup_installs_what_a_simulated_run_needs():
@@ -224,6 +226,22 @@ def test_compiled_fit_as_written(clone, compile_caches):
     summary = json.loads((dst / "gpumem_simulate" / "summary.json").read_text())
     assert summary["gpu"]["model"] == "L4" and summary["exit_status"] == 0
     assert len(summary["snapshots"]) == 1, summary["snapshots"]   # compile workers write none
+
+
+@pytest.mark.slow
+def test_ranks_as_written(clone):
+    """The README's several-GPUs commands: 2 ranks, one simulated GPU each."""
+    dst = clone[0]
+    out = run(clone, RANKS[0]).stdout
+    table = out[out.index("per rank"):].splitlines()
+    assert [line.split()[:2] for line in table[2:4]] == [["0", "0"], ["1", "1"]], out
+    assert table[2].endswith("yes") and table[3].endswith("yes"), out
+    for r in (0, 1):
+        assert (dst / "sim_ranks" / f"snapshot_rank{r}.pickle").exists()
+        assert (dst / "sim_ranks" / f"snapshot_rank{r}.html").exists()
+    summary = run(clone, RANKS[1]).stdout
+    assert "snapshot_rank0.pickle" in summary and "snapshot_rank1.pickle" in summary, summary
+    assert "examples/per_rank.py:" in summary, summary
 
 
 @pytest.mark.slow
