@@ -9,12 +9,15 @@ looked up in sys.modules, never imported.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Optional
 
 from gpumem._conf import parse_uint
 
-__all__ = ["current_rank", "rank_path"]
+__all__ = ["current_rank", "rank_path", "rank_of_path"]
+
+_RANK_RE = re.compile(r"(?:^|[_.-])rank([0-9]+)$")
 
 
 def current_rank() -> Optional[int]:
@@ -43,3 +46,11 @@ def rank_path(path: str | os.PathLike[str], rank: Optional[int] = None) -> str:
         return path
     stem, ext = os.path.splitext(path)
     return f"{stem}_rank{rank}{ext}"
+
+
+def rank_of_path(path: str | os.PathLike[str]) -> Optional[int]:
+    """The N of a per-rank file name: ``_rank<N>`` (or a name that is ``rank<N>``)
+    before the extension, as rank_path writes it (snapshot_rank3.pickle,
+    oom_host_12_1_rank3.pickle); None for a file of no rank."""
+    m = _RANK_RE.search(os.path.splitext(os.path.basename(os.fspath(path)))[0])
+    return int(m.group(1)) if m else None

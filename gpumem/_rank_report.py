@@ -13,20 +13,12 @@ Nothing here runs the command or prints on its own.
 from __future__ import annotations
 
 import os
-import re
-from typing import Any, Optional
+from typing import Any
 
 from gpumem._format import format_bytes
+from gpumem._rank import rank_of_path
 
-__all__ = ["rank_of_file", "per_rank", "rank_lines"]
-
-_RANK_RE = re.compile(r"_rank([0-9]+)\.[A-Za-z0-9]+$")
-
-
-def rank_of_file(path: str) -> Optional[int]:
-    """The N of a per-rank file name (``snapshot_rank3.pickle``, ``oom_..._rank3.pickle``)."""
-    m = _RANK_RE.search(os.path.basename(path))
-    return int(m.group(1)) if m else None
+__all__ = ["per_rank", "rank_lines"]
 
 
 def _oom_time(path: str) -> float:
@@ -57,7 +49,7 @@ def per_rank(rows: list[dict], crashed: list[dict], oom_files: list[str], memory
     usable = max(memory - context, 0)
     by_rank_oom: dict[int, list[str]] = {}
     for f in oom_files:
-        r = rank_of_file(f)
+        r = rank_of_path(f)
         if r is not None:
             by_rank_oom.setdefault(r, []).append(f)
     out = []
@@ -113,7 +105,8 @@ def rank_lines(r: dict[str, Any]) -> list[str]:
     for row in rows:
         if not row["finished"]:
             fits = ("no (ran out of memory, then did not exit normally)" if row["fits"] is False
-                    else "unknown (did not exit normally: killed, crashed or os._exit)")
+                    else "unknown (did not finish: the launcher stops every rank when one "
+                    "fails; or it was killed, crashed or called os._exit)")
             lines.append(f"  {row['rank']:>4}  {'-':>6}  {'-':>14}  {'-':>13}  {fits}")
             continue
         fits = "yes" if row["fits"] else (

@@ -14,21 +14,15 @@ Nothing here prints but rank_summary_lines' caller.
 from __future__ import annotations
 
 import os
-import re
-from typing import Any, Optional
+from typing import Any
 
 from gpumem._format import format_bytes
+from gpumem._rank import rank_of_path as _rank
 from gpumem._unpickle import Limits, SnapshotError, gc_paused, load_snapshot
 
 __all__ = ["snapshot_files", "summarize_folder", "summary_lines"]
 
-_RANK_RE = re.compile(r"(?:^|[_.-])rank([0-9]+)$")
 _EXTS = (".pickle", ".pkl")
-
-
-def _rank(name: str) -> Optional[int]:
-    m = _RANK_RE.search(os.path.splitext(name)[0])
-    return int(m.group(1)) if m else None
 
 
 def snapshot_files(folder: str) -> list[str]:

@@ -119,12 +119,24 @@ def test_per_rank_rows_fit_each_rank_on_its_own():
                               memory=4 * GiB, context=512 * MiB)
     assert [(x["rank"], x["fits"]) for x in r["per_rank"]] == [(0, True), (1, True), (2, None)]
     assert r["highest_ranks"] == [1] and r["oom_order"] == []
+    assert "unknown (did not finish: the launcher stops every rank" in \
+        "\n".join(_rank_report.rank_lines(r))
     r = _rank_report.per_rank(rows, [], [], memory=3 * GiB, context=512 * MiB)
     assert [x["fits"] for x in r["per_rank"]] == [True, False]
     lines = "\n".join(_rank_report.rank_lines(r))
     assert "rank 1 peaks highest (reserved 3.00 GiB)" in lines
     assert "no (peak too high)" in lines
     assert _rank_report.per_rank([dict(rows[0], rank=None)], [], [], GiB, 0)["per_rank"] == []
+
+
+def test_rank_of_a_file_name():
+    from gpumem._rank import rank_of_path, rank_path
+    assert rank_of_path(rank_path("/o/snapshot.pickle", 3)) == 3
+    assert rank_of_path("oom_host_12_1_rank10.pickle") == 10
+    assert rank_of_path("per_rank_rank0.pkl") == 0 and rank_of_path("rank2.pkl") == 2
+    for name in ("snapshot.pickle", "per_rank.pickle", "crank1.pickle", "rank.pickle",
+                 "snapshot_pid12.pickle"):
+        assert rank_of_path(name) is None, name
 
 
 # ------------------------------------------------------------ gpumem summary DIR
