@@ -404,3 +404,37 @@ def test_one_rank_out_of_memory(tmp_path):
     # rank 0 never waits for rank 1 (the fake NCCL's ranks never block): it
     # finishes unless torchrun stops it first, and never runs out of memory
     assert not list((tmp_path / "sim").glob("oom_*_rank0.pickle"))
+
+
+# ----------------------------------------------------------------------
+# examples/fsdp2_fit.py
+
+EXAMPLE_ARGS = ["--layers", "2", "--dim", "128", "--heads", "4", "--seq", "32", "--batch", "2",
+                "--steps", "2"]
+
+
+def example_rows(proc) -> list[dict]:
+    rows = [dict(kv.split("=") for kv in line.split()) for line in proc.stdout.splitlines()
+            if line.startswith("rank=")]
+    return sorted(({k: int(v) for k, v in r.items()} for r in rows), key=lambda r: r["rank"])
+
+
+def test_fsdp2_example_meta_init_allocates_only_the_shards(tmp_path):
+    """Built on the host and sharded, under torch's allocator; built on the meta
+    device and materialised with to_empty, under gpumem simulate: the same
+    shards, the same peak, on each of 2 ranks."""
+    script = ROOT / "examples" / "fsdp2_fit.py"
+    host = example_rows(finished(launch(tmp_path / "host", 2, "torch", [script, *EXAMPLE_ARGS])))
+    meta = example_rows(finished(launch(tmp_path / "meta", 2, "simulate",
+                                        [script, *EXAMPLE_ARGS, "--meta"])))
+    assert [r["rank"] for r in host] == [r["rank"] for r in meta] == [0, 1]
+    # LM(2 layers, dim 128): embeddings 32000 x 128 and 32 x 128, per layer
+    # 12 x 128^2 weights + 13 x 128 biases and norms, final norm, head 32000 x 128
+    d = 128
+    params = 32000 * d + 32 * d + 2 * (12 * d * d + 13 * d) + 2 * d + 32000 * d
+    for h, m in zip(host, meta):
+        assert h["params"] == m["params"] == params
+        # fp32 shards: about half of the parameters each, plus 512-byte blocks
+        assert params * 4 // 2 <= h["sharded"] == m["sharded"] < params * 4 // 2 + 64 * 512
+        assert close(h["peak_allocated"], m["peak_allocated"]), (h, m)
+    assert (tmp_path / "meta" / "sim" / "snapshot_rank1.pickle").is_file()
