@@ -2,8 +2,10 @@
 
 Each rank of a distributed run is its own process on its own simulated GPU,
 so each has its own verdict: a rank fits when it hit no out-of-memory error
-and its peak reserved memory fits in the device's memory less the CUDA
-context.  The report also names the rank that peaks highest and, when ranks
+and everything its simulated device held at once (the "device peak":
+torch's allocator's segments, the CUDA context and the fake NCCL's buffers)
+fits in the device's memory; off the simulator's driver, when its peak
+reserved memory fits in the device's memory less the CUDA context.  The report also names the rank that peaks highest and, when ranks
 ran out of memory, the order they did so in (the time of the failed
 allocation recorded in each OOM snapshot, else the file's modification
 time).  Processes without a rank (a single-process run) give no rows.
@@ -18,7 +20,7 @@ from typing import Any
 from gpumem._format import format_bytes
 from gpumem._rank import rank_of_path
 
-__all__ = ["per_rank", "rank_lines"]
+__all__ = ["per_rank", "rank_lines", "row_fits"]
 
 
 def _oom_time(path: str) -> float:
@@ -38,6 +40,16 @@ def _oom_time(path: str) -> float:
         return os.path.getmtime(path)
     except OSError:
         return float("inf")
+
+
+def row_fits(row: dict, memory: int, usable: int) -> bool:
+    """Whether one device's peak fits: all the memory the simulated device had in
+    use at once (allocator, context, NCCL's buffers) within its memory when the
+    driver measured it, else the allocator's peak reserved within usable (memory
+    less the CUDA context)."""
+    if row.get("device_peak") is not None:
+        return row["device_peak"] <= memory
+    return row["peak_reserved"] <= usable
 
 
 def per_rank(rows: list[dict], crashed: list[dict], oom_files: list[str], memory: int,
@@ -62,7 +74,8 @@ def per_rank(rows: list[dict], crashed: list[dict], oom_files: list[str], memory
                     "peak_allocated": row["peak_allocated"],
                     "peak_reserved": row["peak_reserved"], "num_ooms": ooms,
                     "oom_snapshots": files, "finished": True,
-                    "fits": ooms == 0 and row["peak_reserved"] <= usable})
+                    "device_peak": row.get("device_peak"),
+                    "fits": ooms == 0 and row_fits(row, memory, usable)})
     seen = {r["rank"] for r in out}
     for p in crashed:
         rank = p.get("rank")
@@ -100,19 +113,22 @@ def rank_lines(r: dict[str, Any]) -> list[str]:
         return []
     fb = format_bytes
     lines = [f"per rank (each simulated GPU leaves {fb(r['usable_memory'])} for allocations "
-             "after the CUDA context; gpumem's allocator):",
-             f"  {'rank':>4}  {'device':>6}  {'peak allocated':>14}  {'peak reserved':>13}  fits"]
+             "after the CUDA context; peaks are gpumem's allocator's, the device peak adds the "
+             "context and NCCL's buffers):",
+             f"  {'rank':>4}  {'device':>6}  {'peak allocated':>14}  {'peak reserved':>13}  "
+             f"{'device peak':>11}  fits"]
     for row in rows:
         if not row["finished"]:
             fits = ("no (ran out of memory, then did not exit normally)" if row["fits"] is False
                     else "unknown (did not finish: the launcher stops every rank when one "
                     "fails; or it was killed, crashed or called os._exit)")
-            lines.append(f"  {row['rank']:>4}  {'-':>6}  {'-':>14}  {'-':>13}  {fits}")
+            lines.append(f"  {row['rank']:>4}  {'-':>6}  {'-':>14}  {'-':>13}  {'-':>11}  {fits}")
             continue
+        dev = fb(row["device_peak"]) if row.get("device_peak") is not None else "-"
         fits = "yes" if row["fits"] else (
             f"no ({row['num_ooms']} OOM(s))" if row["num_ooms"] else "no (peak too high)")
         lines.append(f"  {row['rank']:>4}  {row['device']:>6}  {fb(row['peak_allocated']):>14}  "
-                     f"{fb(row['peak_reserved']):>13}  {fits}")
+                     f"{fb(row['peak_reserved']):>13}  {dev:>11}  {fits}")
     high = r.get("highest_ranks") or []
     measured = {row["rank"] for row in rows if row["peak_reserved"] is not None}
     if high and len(measured) > 1:

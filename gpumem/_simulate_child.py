@@ -25,10 +25,11 @@ Limitations: a history the script cleared by stopping is not cleared, so a
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 __all__ = ["ENV_OUT", "ENV_STATS", "ENV_PARENT", "ENV_ENTRIES", "ENV_CATEGORIES"]
 
@@ -201,7 +202,23 @@ def _note_peaks() -> dict[int, dict[str, int]]:
         cur["num_ooms"] = st.get("num_ooms", 0)
         cur["allocated_end"] = st.get("allocated_bytes.all.current", 0)
         cur["reserved_end"] = st.get("reserved_bytes.all.current", 0)
+        used = _device_peak_used(d)
+        if used is not None:
+            cur["device_peak"] = used
     return _peaks
+
+
+def _device_peak_used(device: int) -> Optional[int]:
+    """The most memory the simulated device ever had in use: torch's allocator's
+    segments, the CUDA context, and what else asked the driver (the fake NCCL's
+    buffers, cudaMalloc by libraries); None off the simulator."""
+    try:
+        query = ctypes.CDLL("libcuda.so.1").fakecuda_query
+    except (OSError, AttributeError):
+        return None
+    query.argtypes, query.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_longlong
+    v = query(b"peak_bytes_used", device)
+    return int(v) if v >= 0 else None
 
 
 def _child_name() -> str:

@@ -65,8 +65,9 @@ LIMITS = ("limits of the simulation: kernels compute nothing, so there are no nu
           "(nonzero, boolean masks, unique, control flow on tensor values) are unreliable; cuDNN's "
           "workspaces are the simulator's own deterministic choices (NVIDIA publishes none) and "
           "cuDNN RNNs, CTC loss and grid sampling are not simulated; the CUDA context's memory is "
-          "an estimate for the model (NVIDIA publishes none); other memory outside torch's "
-          "allocator (NCCL, cudaMalloc by extensions) is not counted; peaks are gpumem's "
+          "an estimate for the model (NVIDIA publishes none); NCCL's buffers follow its documented "
+          "defaults with 16 channels, and ranks exchange no data; memory libraries allocate "
+          "inside the real cuBLAS and cuDNN is not modelled; peaks are gpumem's "
           "allocator's, which rounds and caches like torch's")
 
 
@@ -244,7 +245,8 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                          "peak_allocated": v.get("allocated", 0),
                          "peak_reserved": v.get("reserved", 0), "num_ooms": v.get("num_ooms", 0),
                          "allocated_at_exit": v.get("allocated_end", 0),
-                         "reserved_at_exit": v.get("reserved_end", 0)})
+                         "reserved_at_exit": v.get("reserved_end", 0),
+                         "device_peak": v.get("device_peak")})
     ooms = sum(r["num_ooms"] for r in rows) or len(oom_files)
     peak = max((r["peak_reserved"] for r in rows), default=None)
     verdict = None
@@ -267,11 +269,15 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                    "normally (killed, crashed or os._exit)")
     else:
         usable = max(memory - context, 0)
-        fits = peak <= usable
+        fits = all(_rank_report.row_fits(r, memory, usable) for r in rows)
         why = f"peak reserved {format_bytes(peak)}, {100.0 * peak / memory:.1f}% of the device"
         if context:
             why += (f"; the CUDA context holds {format_bytes(context)}, leaving "
                     f"{format_bytes(usable)}")
+        device_peak = max((r["device_peak"] or 0 for r in rows), default=0)
+        if device_peak > peak + context:
+            why += (f"; with memory outside the allocator (NCCL's buffers, libraries' own "
+                    f"cudaMalloc) the device held at most {format_bytes(device_peak)}")
     if verdict is None:
         verdict = {True: "yes", False: "no", None: "unknown"}[fits]
     return {"command": cmd, "exit_status": rc, "seconds": round(seconds, 3), "memory": memory,

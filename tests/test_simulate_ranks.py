@@ -127,6 +127,11 @@ def test_per_rank_rows_fit_each_rank_on_its_own():
     assert "rank 1 peaks highest (reserved 3.00 GiB)" in lines
     assert "no (peak too high)" in lines
     assert _rank_report.per_rank([dict(rows[0], rank=None)], [], [], GiB, 0)["per_rank"] == []
+    # What the driver saw in use at once decides when it is known: rank 0's
+    # allocator fits, but with NCCL's buffers beside it the device overflowed.
+    over = [dict(rows[0], device_peak=4 * GiB + 1), dict(rows[1], device_peak=3 * GiB)]
+    r = _rank_report.per_rank(over, [], [], memory=4 * GiB, context=512 * MiB)
+    assert [x["fits"] for x in r["per_rank"]] == [False, True]
 
 
 def test_rank_of_a_file_name():
@@ -271,6 +276,10 @@ def test_ddp_on_two_ranks_gives_a_row_and_a_snapshot_per_rank(tmp_path, capsys):
     assert rows[0]["peak_allocated"] == rows[1]["peak_allocated"] > 0
     assert rows[0]["peak_reserved"] == rows[1]["peak_reserved"]
     assert report["fits"] is True and report["oom_order"] == []
+    # The device peak holds the allocator's segments, the context and the
+    # communicator's buffers (csrc/sim/README.md, "NCCL": 294 MiB for two ranks).
+    for r in rows:
+        assert r["device_peak"] >= r["peak_reserved"] + report["context_memory"] + 294 * MiB
     table = proc.stdout[proc.stdout.index("per rank"):].splitlines()
     assert table[2].split()[:2] == ["0", "0"] and table[3].split()[:2] == ["1", "1"]
     assert "every rank peaks at the same reserved memory" in proc.stdout
