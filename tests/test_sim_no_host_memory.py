@@ -214,3 +214,39 @@ def test_a_meta_model_materialised_with_to_empty():
     # parameters, gradients and AdamW's two moments
     assert out["allocated"] >= out["nbytes"] * 2 + out["state"]
     assert out["state"] == 2 * out["nbytes"]
+
+
+DDP = r'''
+import os, torch, torch.distributed as dist
+local = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local)
+dist.init_process_group("nccl")
+# DDP all-gathers every rank's parameter shapes and compares them with its
+# own: a small tensor read back, which keeps its data in the mode
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1024, 1024).cuda(),
+                                                  device_ids=[local])
+model(torch.randn(8, 1024, device="cuda")).sum().backward()
+torch.cuda.synchronize()
+print("DDP_OK", dist.get_rank(), flush=True)
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+@needs_torch
+def test_ddp_runs_in_the_mode(tmp_path):
+    import socket
+    from gpumem import sim
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "gpumem.sim", "--no-host-memory", "--devices", "2", "--",
+           sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", str(port), str(script)]
+    sim.lib_dir()
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert sorted(line.split()[1] for line in proc.stdout.splitlines()
+                  if line.startswith("DDP_OK")) == ["0", "1"]

@@ -3,8 +3,9 @@
  * workspace, math, pointer and atomics modes, SM count target), versions,
  * status strings, and the host<->device vector/matrix copies, which really
  * copy (except in the driver's no-host-memory mode). Every BLAS routine
- * (GEMM, GEMV, batched, Ex, ...) is a generated NOOP stub (see the .syms file): it checks that its first argument is a
- * live handle and returns CUBLAS_STATUS_SUCCESS without touching memory.
+ * (GEMM, GEMV, batched, Ex, ...) is a generated NOOP stub (see the .syms
+ * file): it checks that its first argument is a live handle and returns
+ * CUBLAS_STATUS_SUCCESS without touching memory.
  * What does not take a handle and is not here answers
  * CUBLAS_STATUS_NOT_SUPPORTED and is logged once.
  *
