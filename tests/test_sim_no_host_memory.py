@@ -61,6 +61,15 @@ for name, n in (("small", 4096), ("limit", 64 << 10), ("large", (64 << 10) + 1))
     assert rt.cudaMemset(vp(d2), 7, sz(n)) == 0
     assert rt.cudaMemcpy(back2, vp(d2), sz(n), D2H) == 0
     o[name + "_memset"] = bytes(back2) == b"\x07" * n
+# cuBLAS's host<->device vector copies follow the same rule
+blas = C.CDLL("libcublas.so.13")
+for name, n in (("blas_small", 1024), ("blas_large", 32 << 10)):   # floats: 4 KiB, 128 KiB
+    src = (C.c_float * n)(*range(1, n + 1))
+    back = (C.c_float * n)()
+    d = dmalloc(4 * n)
+    assert blas.cublasSetVector(n, 4, src, 1, vp(d), 1) == 0
+    assert blas.cublasGetVector(n, 4, vp(d), 1, back, 1) == 0
+    o[name] = list(back[:3])
 # pinned host memory is host memory: it keeps its data in both modes
 n = 1 << 20
 h1, h2 = vp(), vp()
@@ -99,6 +108,8 @@ def test_copies_and_memsets_with_and_without_the_mode():
     assert not on["large_h2d"] and on["large_zero"]
     assert not on["large_d2d"] and not on["large_memset"]
     assert on["pinned"] and off["pinned"]
+    assert off["blas_small"] == off["blas_large"] == on["blas_small"] == [1.0, 2.0, 3.0]
+    assert on["blas_large"] == [0.0, 0.0, 0.0]
     # the device's accounting does not depend on the mode
     assert on["used"] == off["used"] > 1 << 30
     # a 1 GiB memset and its read-back: ~1 GiB of host memory, or none
@@ -185,6 +196,40 @@ def test_memory_figures_of_a_training_step_are_unchanged():
     on = run_sim(STEP, env=ON)
     assert off == on
     assert on["peak"] > on["params"] > 0
+
+
+GRAPH = RSS + r'''
+import torch
+src = torch.empty(64 << 20, device="cuda")      # 256 MiB, never written
+dst = torch.empty_like(src)
+small_src = torch.tensor([4.0, 5.0], device="cuda")
+small_dst = torch.zeros_like(small_src)
+g = torch.cuda.CUDAGraph()
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    with torch.cuda.graph(g):                   # captured, not run
+        dst.copy_(src)
+        small_dst.copy_(small_src)
+torch.cuda.current_stream().wait_stream(s)
+torch.cuda.synchronize()
+captured = small_dst.tolist()
+before = rss_mib()
+g.replay()                                      # the copies run here
+torch.cuda.synchronize()
+emit({"grew": rss_mib() - before, "captured": captured, "small": small_dst.tolist()})
+'''
+
+
+@needs_torch
+def test_graph_replays_follow_the_rule():
+    off = run_sim(GRAPH, env=OFF)
+    on = run_sim(GRAPH, env=ON)
+    for out in (off, on):
+        assert out["captured"] == [0.0, 0.0] and out["small"] == [4.0, 5.0], out
+    # the replayed 256 MiB copy writes its destination only without the mode
+    assert off["grew"] > 200, off
+    assert on["grew"] < 20, on
 
 
 META = r'''
