@@ -29,6 +29,11 @@ Options (also environment variables the fakes read, set by the launcher):
   --log PATH|-      note every unimplemented CUDA call once (GPUMEM_SIM_LOG)
   --report PATH     write a JSON report at exit (GPUMEM_SIM_REPORT): calls made,
                     device capacity, peak and leaks per device
+  --no-host-memory  device memory holds no data and costs no host memory
+                    (GPUMEM_FAKECUDA_NO_HOST_MEMORY=1): copies to the device
+                    store nothing, copies back yield zeros; every memory
+                    figure is unchanged. For models larger than this
+                    machine's memory (docs/simulation.md)
 
 Where the libraries come from: $GPUMEM_SIM_LIB_DIR if set; else, in a
 source checkout, build/sim/ (built on demand from csrc/sim with ``cc`` and
@@ -144,8 +149,12 @@ def libraries(cuda_major: int = CUDA_MAJOR) -> Dict[str, Path]:
 def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = None,
             events: Optional[str] = None, log: Optional[str] = None, report: Optional[str] = None,
             base: Optional[Mapping[str, str]] = None, cuda_major: int = CUDA_MAJOR,
-            gpu: Optional[str] = None) -> Dict[str, str]:
+            gpu: Optional[str] = None, no_host_memory: Optional[bool] = None) -> Dict[str, str]:
     """The environment a process needs to run on the simulator.
+
+    no_host_memory: True sets GPUMEM_FAKECUDA_NO_HOST_MEMORY=1 (device
+    memory holds no data: copies to the device store nothing, copies back
+    yield zeros), False sets it to 0; None leaves the environment's value.
 
     gpu: a GPU model of gpumem.sim_gpus (default H100-SXM-80GB, unless
     GPUMEM_SIM_GPU is already set); its memory is the default for
@@ -194,6 +203,8 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
         env["GPUMEM_SIM_LOG"] = log
     if report is not None:
         env["GPUMEM_SIM_REPORT"] = str(Path(report).absolute())
+    if no_host_memory is not None:
+        env["GPUMEM_FAKECUDA_NO_HOST_MEMORY"] = "1" if no_host_memory else "0"
     # NVML-based device checks would look for real GPUs.
     env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
     return env
@@ -202,15 +213,18 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
 def run_snippet(code: str, *, memory: Union[str, int, None] = "80GiB", devices: int = 1,
                 events: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
                 timeout: float = 600, args: Sequence[str] = (),
-                gpu: Optional[str] = None) -> Tuple[int, str, str]:
+                gpu: Optional[str] = None,
+                no_host_memory: Optional[bool] = None) -> Tuple[int, str, str]:
     """Run ``python -c code`` on the simulator; (returncode, stdout, stderr).
 
-    env: extra variables on top of the current environment.
+    env: extra variables on top of the current environment; no_host_memory:
+    as sim_env's.
     """
     base = dict(os.environ)
     if env:
         base.update(env)
-    full = sim_env(memory=memory, devices=devices, events=events, base=base, gpu=gpu)
+    full = sim_env(memory=memory, devices=devices, events=events, base=base, gpu=gpu,
+                   no_host_memory=no_host_memory)
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env=full, timeout=timeout)
     return proc.returncode, proc.stdout, proc.stderr
@@ -237,6 +251,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--log", default=None, metavar="PATH|-",
                     help="log unimplemented CUDA calls once each ('-' for stderr)")
     ap.add_argument("--report", default=None, metavar="PATH", help="write a JSON report at exit")
+    ap.add_argument("--no-host-memory", action="store_true",
+                    help="device memory holds no data and costs no host memory: copies to the "
+                         "device store nothing, copies back yield zeros; memory figures are "
+                         "unchanged")
     ap.add_argument("--print-env", action="store_true",
                     help="print the environment variables to export instead of running CMD")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
@@ -245,13 +263,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         env = sim_env(memory=args.memory, devices=args.devices, events=args.events,
                       log="stderr" if args.log == "-" else args.log, report=args.report,
-                      gpu=args.gpu)
+                      gpu=args.gpu, no_host_memory=True if args.no_host_memory else None)
     except SimError as exc:
         print(f"gpumem.sim: error: {exc}", file=sys.stderr)
         return 2
     if args.print_env:
         keys = ["LD_PRELOAD", "GPUMEM_LIBCUDA", "GPUMEM_SIM_LIB_DIR"] + sorted(
-            k for k in env if k.startswith("GPUMEM_SIM_") and k != "GPUMEM_SIM_LIB_DIR")
+            k for k in env if k.startswith("GPUMEM_SIM_") and k != "GPUMEM_SIM_LIB_DIR"
+            or k == "GPUMEM_FAKECUDA_NO_HOST_MEMORY")
         for k in keys:
             if k in env:
                 print(f"export {k}={shlex.quote(env[k])}")

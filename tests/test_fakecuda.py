@@ -1362,7 +1362,8 @@ def test_report_contents_and_leak_details(lib):
     exp = data.pop("_expect")
     assert data["version"] == 1 and data["initialized"] is True
     assert data["config"] == {"devices": 1, "memory": 80 << 30, "granularity": 2 << 20,
-                              "events": "timeline", "fail": "", "fail_above": 0, "report": None}
+                              "events": "timeline", "fail": "", "fail_above": 0,
+                              "no_host_memory": False, "report": None}
     assert set(data["calls"]) == EXPECTED_CU
     assert data["total_calls"] == sum(data["calls"].values())
     dev = data["devices"][0]
@@ -1507,7 +1508,8 @@ def test_query_matches_the_report(lib):
         for k in ("allocations", "bytes", "streams", "events"):
             assert fakecuda_query(b"reclaimed." + k.encode(), -1) == 0
         for key, want in (("devices", 1), ("memory", 80 * GiB), ("granularity", 2 * MiB),
-                          ("fail_above", 0), ("initialized", 1)):
+                          ("fail_above", 0), ("initialized", 1), ("no_host_memory", 0),
+                          ("no_host_memory_keep", 64 * 1024)):
             assert fakecuda_query(key.encode(), -1) == want, key
         # unknown keys and devices
         assert fakecuda_query(b"allocations", 1) == -1

@@ -13,6 +13,7 @@
 #endif
 #include "simcommon.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -179,6 +180,24 @@ void sim_report_calls(sim_sb_t *sb)
         first = 0;
     }
     sim_sb_printf(sb, "]");
+}
+
+/* ------------------------------------------------------------------ */
+/* the driver's no-host-memory mode                                     */
+
+static pthread_once_t query_once = PTHREAD_ONCE_INIT;
+static long long (*driver_query)(const char *, int);
+
+static void find_query(void)
+{
+    driver_query = (long long (*)(const char *, int))dlsym(RTLD_DEFAULT, "fakecuda_query");
+}
+
+int sim_no_host_memory_drops(size_t n)
+{
+    pthread_once(&query_once, find_query);
+    return driver_query && driver_query("no_host_memory", -1) == 1 &&
+           n > (size_t)driver_query("no_host_memory_keep", -1);
 }
 
 int sim_write_file_atomic(const char *path, const char *text, size_t len)

@@ -75,6 +75,12 @@ int sim_log_enabled(void);
 void sim_report_calls(sim_sb_t *sb);
 
 /* Writes text to path atomically (temporary file + rename); 0 on success. */
+/* 1 when a copy of n bytes moves no data: the fake driver (if loaded) runs
+ * with GPUMEM_FAKECUDA_NO_HOST_MEMORY=1 and n is above its limit (Note
+ * [No host memory] in driver/fakecuda_nohost.c); then a copy into device
+ * memory stores nothing and one out of it yields zeros. 0 before the
+ * driver's cuInit. */
+int sim_no_host_memory_drops(size_t n);
 int sim_write_file_atomic(const char *path, const char *text, size_t len);
 
 #endif /* GPUMEM_SIM_COMMON_H */

@@ -2,9 +2,10 @@
  * blas.c - the fake libcublas.so.N: handles and their settings (stream,
  * workspace, math, pointer and atomics modes, SM count target), versions,
  * status strings, and the host<->device vector/matrix copies, which really
- * copy. Every BLAS routine (GEMM, GEMV, batched, Ex, ...) is a generated
- * NOOP stub (see the .syms file): it checks that its first argument is a
- * live handle and returns CUBLAS_STATUS_SUCCESS without touching memory.
+ * copy (except in the driver's no-host-memory mode). Every BLAS routine
+ * (GEMM, GEMV, batched, Ex, ...) is a generated NOOP stub (see the .syms
+ * file): it checks that its first argument is a live handle and returns
+ * CUBLAS_STATUS_SUCCESS without touching memory.
  * What does not take a handle and is not here answers
  * CUBLAS_STATUS_NOT_SUPPORTED and is logged once.
  *
@@ -309,28 +310,50 @@ SIM_API cublasStatus_t CUBLASWINAPI cublasGetLoggerCallback(cublasLogCallback *u
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* ---- vector and matrix copies (device memory is host memory) ---- */
+/* ---- vector and matrix copies (device memory is host memory) ----
+ * In the driver's no-host-memory mode pieces above its limit move no data
+ * (Note [No host memory] in ../driver/fakecuda_nohost.c): Set* stores
+ * nothing, Get* writes zeros to the host. */
 
-static cublasStatus_t strided_copy(int n, int elemSize, const void *x, int incx, void *y, int incy)
+/* One piece of a copy: drop 1 for Set*, 2 for Get*, when the copy as a
+ * whole moves no data; else 0. */
+static void move(void *dst, const void *src, size_t n, int drop)
+{
+    if (!drop)
+        memmove(dst, src, n);
+    else if (drop == 2)
+        memset(dst, 0, n);
+}
+
+static int drop_of(size_t total, int to_device)
+{
+    return sim_no_host_memory_drops(total) ? (to_device ? 1 : 2) : 0;
+}
+
+static cublasStatus_t strided_copy(int n, int elemSize, const void *x, int incx, void *y, int incy,
+                                   int to_device)
 {
     if (n < 0 || elemSize <= 0 || incx == 0 || incy == 0 || !x || !y)
         return CUBLAS_STATUS_INVALID_VALUE;
     const char *src = x;
     char *dst = y;
+    int drop = drop_of((size_t)n * (size_t)elemSize, to_device);
     for (long i = 0; i < n; i++)
-        memmove(dst + i * (long)incy * elemSize, src + i * (long)incx * elemSize, (size_t)elemSize);
+        move(dst + i * (long)incy * elemSize, src + i * (long)incx * elemSize, (size_t)elemSize,
+             drop);
     return CUBLAS_STATUS_SUCCESS;
 }
 
 static cublasStatus_t matrix_copy(int rows, int cols, int elemSize, const void *A, int lda, void *B,
-                                  int ldb)
+                                  int ldb, int to_device)
 {
     if (rows < 0 || cols < 0 || elemSize <= 0 || lda <= 0 || ldb <= 0 || lda < rows ||
         ldb < rows || !A || !B)
         return CUBLAS_STATUS_INVALID_VALUE;
+    int drop = drop_of((size_t)rows * (size_t)cols * (size_t)elemSize, to_device);
     for (long c = 0; c < cols; c++)
-        memmove((char *)B + c * (long)ldb * elemSize, (const char *)A + c * (long)lda * elemSize,
-                (size_t)rows * (size_t)elemSize);
+        move((char *)B + c * (long)ldb * elemSize, (const char *)A + c * (long)lda * elemSize,
+             (size_t)rows * (size_t)elemSize, drop);
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -338,14 +361,14 @@ SIM_API cublasStatus_t CUBLASWINAPI cublasSetVector(int n, int elemSize, const v
                                                     void *devicePtr, int incy)
 {
     SIM_ENTRY("cublasSetVector");
-    return strided_copy(n, elemSize, x, incx, devicePtr, incy);
+    return strided_copy(n, elemSize, x, incx, devicePtr, incy, 1);
 }
 
 SIM_API cublasStatus_t CUBLASWINAPI cublasGetVector(int n, int elemSize, const void *x, int incx,
                                                     void *y, int incy)
 {
     SIM_ENTRY("cublasGetVector");
-    return strided_copy(n, elemSize, x, incx, y, incy);
+    return strided_copy(n, elemSize, x, incx, y, incy, 0);
 }
 
 SIM_API cublasStatus_t CUBLASWINAPI cublasSetVectorAsync(int n, int elemSize, const void *hostPtr,
@@ -354,7 +377,7 @@ SIM_API cublasStatus_t CUBLASWINAPI cublasSetVectorAsync(int n, int elemSize, co
 {
     SIM_ENTRY("cublasSetVectorAsync");
     (void)stream;
-    return strided_copy(n, elemSize, hostPtr, incx, devicePtr, incy);
+    return strided_copy(n, elemSize, hostPtr, incx, devicePtr, incy, 1);
 }
 
 SIM_API cublasStatus_t CUBLASWINAPI cublasGetVectorAsync(int n, int elemSize, const void *devicePtr,
@@ -363,21 +386,21 @@ SIM_API cublasStatus_t CUBLASWINAPI cublasGetVectorAsync(int n, int elemSize, co
 {
     SIM_ENTRY("cublasGetVectorAsync");
     (void)stream;
-    return strided_copy(n, elemSize, devicePtr, incx, hostPtr, incy);
+    return strided_copy(n, elemSize, devicePtr, incx, hostPtr, incy, 0);
 }
 
 SIM_API cublasStatus_t CUBLASWINAPI cublasSetMatrix(int rows, int cols, int elemSize, const void *A,
                                                     int lda, void *B, int ldb)
 {
     SIM_ENTRY("cublasSetMatrix");
-    return matrix_copy(rows, cols, elemSize, A, lda, B, ldb);
+    return matrix_copy(rows, cols, elemSize, A, lda, B, ldb, 1);
 }
 
 SIM_API cublasStatus_t CUBLASWINAPI cublasGetMatrix(int rows, int cols, int elemSize, const void *A,
                                                     int lda, void *B, int ldb)
 {
     SIM_ENTRY("cublasGetMatrix");
-    return matrix_copy(rows, cols, elemSize, A, lda, B, ldb);
+    return matrix_copy(rows, cols, elemSize, A, lda, B, ldb, 0);
 }
 
 SIM_API cublasStatus_t CUBLASWINAPI cublasSetMatrixAsync(int rows, int cols, int elemSize,
@@ -386,7 +409,7 @@ SIM_API cublasStatus_t CUBLASWINAPI cublasSetMatrixAsync(int rows, int cols, int
 {
     SIM_ENTRY("cublasSetMatrixAsync");
     (void)stream;
-    return matrix_copy(rows, cols, elemSize, A, lda, B, ldb);
+    return matrix_copy(rows, cols, elemSize, A, lda, B, ldb, 1);
 }
 
 SIM_API cublasStatus_t CUBLASWINAPI cublasGetMatrixAsync(int rows, int cols, int elemSize,
@@ -395,7 +418,7 @@ SIM_API cublasStatus_t CUBLASWINAPI cublasGetMatrixAsync(int rows, int cols, int
 {
     SIM_ENTRY("cublasGetMatrixAsync");
     (void)stream;
-    return matrix_copy(rows, cols, elemSize, A, lda, B, ldb);
+    return matrix_copy(rows, cols, elemSize, A, lda, B, ldb, 0);
 }
 
 /* ---- report ---- */

@@ -390,6 +390,15 @@ static int load_config_unlocked(void)
             return -1;
         }
     }
+    int no_host = 0; /* Note [No host memory] in fakecuda_nohost.c */
+    if ((v = getenv("GPUMEM_FAKECUDA_NO_HOST_MEMORY")) && *v) {
+        if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
+            fprintf(stderr, "fakecuda: GPUMEM_FAKECUDA_NO_HOST_MEMORY='%s' is invalid: expected 1 "
+                            "(device memory holds no data) or 0\n", v);
+            return -1;
+        }
+        no_host = v[0] == '1';
+    }
     char *report = NULL;
     if ((v = getenv("GPUMEM_FAKECUDA_REPORT")) && *v) {
         /* Made absolute now: the process may chdir before it exits. */
@@ -415,6 +424,7 @@ static int load_config_unlocked(void)
     fc.gpu = gpu;
     fc.granularity = gran;
     fc.fail_above = fail_above;
+    fc.no_host_memory = no_host;
     fc.ev_mode = ev_mode;
     fc.ev_after = ev_after;
     free(fc.report_path);

@@ -21,8 +21,6 @@
  */
 #include "fakecuda_internal.h"
 
-#include <string.h>
-
 /* 1 if [p, p+n) may be used: host memory, or accessible device memory. */
 static int side_ok_unlocked(uint64_t p, size_t n, int write)
 {
@@ -60,17 +58,6 @@ static CUresult check_set_unlocked(uint64_t dst, size_t elem, size_t n)
     return fc_accessible_unlocked(dst, n * elem, 1) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-void fc_fill_unlocked(uint64_t dst, unsigned int value, size_t elem, size_t n)
-{
-    if (elem == 1) {
-        memset((void *)(uintptr_t)dst, (int)(value & 0xff), n);
-    } else {
-        uint32_t *p = (uint32_t *)(uintptr_t)dst;
-        for (size_t i = 0; i < n; i++)
-            p[i] = value;
-    }
-}
-
 /* The stream of an operation, resolved in the current context; sync: a
  * synchronous call, which is potentially unsafe during a capture and uses
  * the legacy stream (Note [Stream capture] in fakecuda_capture.c). */
@@ -100,7 +87,7 @@ static CUresult copy_op_unlocked(int sync, CUstream h, uint64_t dst, int dst_dev
         res = fc_cap_work_unlocked(sctx, key, n ? &proto : NULL, &captured);
     if (res != CUDA_SUCCESS || captured || n == 0)
         return res;
-    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    fc_move_unlocked(dst, src, n); /* Note [No host memory] */
     fc_tl_copy_unlocked(sync ? NULL : h, dst, src, n, sync);
     return CUDA_SUCCESS;
 }
@@ -318,6 +305,6 @@ FC_API CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr add
     struct CUgraphNode_st proto = {.type = FC_NODE_MEMSET, .u.set = {addr, value, 4, 1}};
     if ((res = fc_cap_work_unlocked(sctx, key, &proto, &captured)) != CUDA_SUCCESS || captured)
         goto done;
-    *(volatile uint32_t *)(uintptr_t)addr = value;
+    fc_fill_unlocked(addr, value, 4, 1); /* Note [No host memory] */
     FC_END();
 }

@@ -374,7 +374,7 @@ static CUresult run_node_unlocked(const struct CUgraphNode_st *n, CUstream h, st
         /* the ranges were checked at capture; memory freed since faults */
         if (n->u.copy.n && (bad_side(n->u.copy.dst, n->u.copy.n, 1) || bad_side(n->u.copy.src, n->u.copy.n, 0)))
             return CUDA_ERROR_ILLEGAL_ADDRESS;
-        memmove((void *)(uintptr_t)n->u.copy.dst, (const void *)(uintptr_t)n->u.copy.src, n->u.copy.n);
+        fc_move_unlocked(n->u.copy.dst, n->u.copy.src, n->u.copy.n);
         fc_tl_copy_unlocked(h, n->u.copy.dst, n->u.copy.src, n->u.copy.n, 0);
         break;
     case FC_NODE_MEMSET:

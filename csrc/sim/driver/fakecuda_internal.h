@@ -283,6 +283,7 @@ typedef struct {
     fc_gpu_t gpu;               /* the model every device reports */
     size_t granularity;         /* 0: no VMM */
     size_t fail_above;          /* 0: off */
+    int no_host_memory;         /* Note [No host memory]; immutable after the first cuInit */
     char *report_path;          /* malloc'ed or NULL */
     long report_pid;            /* only this process writes the report */
     int ev_mode;
@@ -400,8 +401,12 @@ int fc_accessible_unlocked(uint64_t p, size_t n, int write);
 int fc_lookup_device_ptr_unlocked(uint64_t p, uint64_t *base, size_t *size, int *dev);
 int fc_mem_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
 
-/* fakecuda_copy.c: the work of a memset (elem 1 or 4 bytes, n of them;
- * the range already checked), also replayed by graph launches. */
+/* fakecuda_nohost.c (Note [No host memory]): the data of a copy of n
+ * bytes and of a memset (elem 1 or 4 bytes, n of them), the ranges already
+ * checked, also replayed by graph launches. In the no-host-memory mode only
+ * pieces of at most FC_NOHOST_KEEP bytes move data. */
+#define FC_NOHOST_KEEP (64u << 10)
+void fc_move_unlocked(uint64_t dst, uint64_t src, size_t n);
 void fc_fill_unlocked(uint64_t dst, unsigned int value, size_t elem, size_t n);
 
 /* fakecuda_event.c: one poll of an event (a query: 1 when complete, which

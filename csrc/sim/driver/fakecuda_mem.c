@@ -16,7 +16,8 @@
  *   mappings never overlap and each lies inside one reservation;
  *   a handle's memory is freed exactly when it is released and unmapped.
  *
- * Must not: touch the contents of device memory except in memcpy/memset.
+ * Must not: touch the contents of device memory except through
+ * fc_move_unlocked / fc_fill_unlocked (Note [No host memory]).
  */
 #include "fakecuda_internal.h"
 
@@ -243,7 +244,7 @@ FC_API CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHo
         goto done;
     if (!srcHost || !fc_accessible_unlocked(dstDevice, ByteCount, 1))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
-    memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+    fc_move_unlocked(dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount);
     fc_tl_copy_unlocked(NULL, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount, 1);
     FC_END();
 }
@@ -260,7 +261,7 @@ FC_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, si
         goto done;
     if (!dstHost || !fc_accessible_unlocked(srcDevice, ByteCount, 0))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
-    memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+    fc_move_unlocked((uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount);
     fc_tl_copy_unlocked(NULL, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount, 1);
     FC_END();
 }
@@ -277,7 +278,7 @@ FC_API CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, s
         goto done;
     if (!fc_accessible_unlocked(dstDevice, N, 1))
         FC_FAIL(CUDA_ERROR_INVALID_VALUE);
-    memset((void *)(uintptr_t)dstDevice, uc, N);
+    fc_fill_unlocked(dstDevice, uc, 1, N);
     fc_tl_copy_unlocked(NULL, dstDevice, 0, N, 0);
     FC_END();
 }

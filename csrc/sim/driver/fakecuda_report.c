@@ -205,7 +205,8 @@ static void build_report_unlocked(sim_sb_t *sb)
     sim_sb_json_str(sb, mode);
     sim_sb_printf(sb, ", \"fail\": ");
     sim_sb_json_str(sb, fc.fail_spec);
-    sim_sb_printf(sb, ", \"fail_above\": %zu, \"report\": ", fc.fail_above);
+    sim_sb_printf(sb, ", \"fail_above\": %zu, \"no_host_memory\": %s, \"report\": ", fc.fail_above,
+                  fc.no_host_memory ? "true" : "false");
     if (fc.report_path)
         sim_sb_json_str(sb, fc.report_path);
     else
@@ -383,6 +384,10 @@ FC_API long long fakecuda_query(const char *key, int device)
         v = (long long)fc.granularity;
     } else if (strcmp(key, "fail_above") == 0) {
         v = (long long)fc.fail_above;
+    } else if (strcmp(key, "no_host_memory") == 0) {
+        v = fc.no_host_memory;
+    } else if (strcmp(key, "no_host_memory_keep") == 0) {
+        v = FC_NOHOST_KEEP;
     } else if (strcmp(key, "reclaimed.allocations") == 0) {
         v = (long long)fc.reclaimed.allocations;
     } else if (strcmp(key, "reclaimed.bytes") == 0) {

@@ -33,7 +33,9 @@
  * on the root, and reductions copy the send buffer to the receive buffer
  * (no arithmetic: kernels do not run, values are meaningless). Send and
  * Recv move nothing. Copies are plain memcpy of the fake device memory, at
- * the call, and only between ranges the driver knows as device memory. */
+ * the call, and only between ranges the driver knows as device memory;
+ * in the driver's no-host-memory mode only copies of at most 64 KiB (Note
+ * [No host memory] in driver/fakecuda_nohost.c). */
 static const size_t type_size[ncclNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
 
 static int dev_range(const void *p, size_t bytes)
@@ -50,7 +52,7 @@ static int dev_range(const void *p, size_t bytes)
 
 static void copy(void *dst, const void *src, size_t bytes)
 {
-    if (dst != src && dev_range(dst, bytes) && dev_range(src, bytes))
+    if (dst != src && !sim_no_host_memory_drops(bytes) && dev_range(dst, bytes) && dev_range(src, bytes))
         memmove(dst, src, bytes);
 }
 

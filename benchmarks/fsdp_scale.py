@@ -1,0 +1,267 @@
+"""An FSDP2 training step of a 8B-parameter Transformer on 8 simulated 80 GB
+GPUs, on a machine with far less memory than the model.
+
+    python benchmarks/fsdp_scale.py [--ranks 8] [--layers 32] [--dim 4096]
+                                    [--seq 512] [--batch 1] [--steps 1]
+                                    [--compare-layers 2] [--no-compare]
+
+The model has LLaMA-3-8B's shapes (dim 4096, 32 layers, 32 query heads and
+8 key/value heads, SwiGLU MLP of 14336, vocabulary 128256, RMSNorm; no
+rotary embedding, which holds no parameters), fp32 parameters. It is built
+on the meta device, every block and then the root is ``fully_shard``-ed,
+``to_empty(device="cuda")`` materialises the shards on the simulated GPUs and
+the parameters are re-initialised; then ``--steps`` steps of forward,
+backward and AdamW. The ranks run under
+
+    python -m gpumem.sim --no-host-memory --devices N -- \\
+        python -m torch.distributed.run --standalone --nproc-per-node N ...
+
+so device memory holds no data (docs/simulation.md, "Models larger than
+this machine"). Each rank reports its peak host RSS (VmHWM) and
+torch.cuda's memory figures, and checks them against the sharding
+arithmetic: FSDP2 gives each rank ceil(dim0 / N) rows of every parameter
+(padded), so its parameter bytes are sum(ceil(dim0 / N) * rest * 4), its
+gradients the same, and AdamW's exp_avg and exp_avg_sq twice that.
+
+With --compare-layers L (default 2), the same step on a smaller model (L
+layers of --compare-dim 1024 on --compare-ranks 2) runs twice more, with
+and without --no-host-memory, to show what the mode saves in host memory
+(without it, every byte that copies put on a device is host memory, so
+that run must be small). Prints a JSON object for the main run, then one
+for the comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB, HEADS, KV_HEADS = 128256, 32, 8
+
+
+def ffn_dim(dim: int) -> int:
+    return 14336 * dim // 4096
+
+
+def param_shapes(layers: int, dim: int):
+    """Every parameter's shape, in the model's order (the arithmetic's input)."""
+    kv = dim * KV_HEADS // HEADS
+    block = [(dim, dim), (kv, dim), (kv, dim), (dim, dim),          # wq wk wv wo
+             (ffn_dim(dim), dim), (ffn_dim(dim), dim), (dim, ffn_dim(dim)),  # w1 w3 w2
+             (dim,), (dim,)]                                         # two RMSNorms
+    return [(VOCAB, dim)] + block * layers + [(dim,), (VOCAB, dim)]
+
+
+def shard_bytes(shapes, ranks: int, elem: int = 4) -> int:
+    return sum(math.ceil(s[0] / ranks) * math.prod(s[1:]) * elem for s in shapes)
+
+
+# ----------------------------------------------------------------------
+# one rank
+
+def unique_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind tensors (FSDP2's gradients are
+    views of one reduce-scatter output per group)."""
+    seen = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def worker(args) -> None:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    world = dist.get_world_size()
+    dim, kv = args.dim, args.dim * KV_HEADS // HEADS
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq, self.wk = nn.Linear(dim, dim, bias=False), nn.Linear(dim, kv, bias=False)
+            self.wv, self.wo = nn.Linear(dim, kv, bias=False), nn.Linear(dim, dim, bias=False)
+            self.w1 = nn.Linear(dim, ffn_dim(dim), bias=False)
+            self.w3 = nn.Linear(dim, ffn_dim(dim), bias=False)
+            self.w2 = nn.Linear(ffn_dim(dim), dim, bias=False)
+            self.n1, self.n2 = nn.RMSNorm(dim), nn.RMSNorm(dim)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            h = self.n1(x)
+            q = self.wq(h).view(b, s, HEADS, -1).transpose(1, 2)
+            k = self.wk(h).view(b, s, KV_HEADS, -1).transpose(1, 2)
+            v = self.wv(h).view(b, s, KV_HEADS, -1).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + self.wo(a.transpose(1, 2).reshape(b, s, dim))
+            h = self.n2(x)
+            return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, dim)
+            self.blocks = nn.ModuleList(Block() for _ in range(args.layers))
+            self.norm = nn.RMSNorm(dim)
+            self.out = nn.Linear(dim, VOCAB, bias=False)
+
+        def forward(self, tokens):
+            x = self.emb(tokens)
+            for blk in self.blocks:
+                x = blk(x)
+            return self.out(self.norm(x))
+
+    with torch.device("meta"):
+        model = Model()
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    assert shapes == param_shapes(args.layers, dim), "the arithmetic's shapes are stale"
+    nparams = sum(p.numel() for p in model.parameters())
+    for blk in model.blocks:
+        fully_shard(blk)
+    fully_shard(model)
+    model.to_empty(device="cuda")
+    torch.cuda.synchronize()
+    after_to_empty = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding, nn.RMSNorm)):
+                m.reset_parameters()
+    torch.cuda.synchronize()
+    after_init = torch.cuda.memory_allocated()
+    local_bytes = unique_bytes(p.to_local() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    out = {"rank": dist.get_rank(), "params": nparams, "after_to_empty": after_to_empty,
+           "after_init": after_init, "param_storage": local_bytes}
+    tokens = torch.randint(0, VOCAB, (args.batch, args.seq), device="cuda")
+    for step in range(args.steps):
+        loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+        loss.backward()
+        if step == 0:
+            out["grad_bytes"] = unique_bytes(p.grad.to_local() for p in model.parameters())
+            out["after_backward"] = torch.cuda.memory_allocated()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        out[f"after_step{step}"] = torch.cuda.memory_allocated()
+    out["adamw_state"] = unique_bytes(t.to_local() for s in opt.state.values()
+                                      for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
+    out["peak_allocated"] = torch.cuda.max_memory_allocated()
+    out["reserved"] = torch.cuda.memory_reserved()
+    status = open("/proc/self/status").read()
+    out["host_rss_peak"] = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+    out["host_rss"] = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+    print("RANK_RESULT " + json.dumps(out), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------
+# the launcher
+
+def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0) -> dict:
+    ranks, dim = ranks or args.ranks, dim or args.dim
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "gpumem.sim", "--devices", str(ranks), "--memory", "80GiB"]
+    if no_host:
+        cmd.append("--no-host-memory")
+    cmd += ["--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+            str(ranks), "--master-port", str(port), str(Path(__file__).resolve()), "--worker",
+            "--layers", str(layers), "--dim", str(dim), "--seq", str(args.seq),
+            "--batch", str(args.batch), "--steps", str(args.steps)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("GPUMEM_FAKECUDA_NO_HOST_MEMORY", None)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    wall = time.monotonic() - t0
+    rows = [json.loads(line.split("RANK_RESULT ", 1)[1]) for line in proc.stdout.splitlines()
+            if "RANK_RESULT " in line]
+    if proc.returncode != 0 or len(rows) != ranks:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+        return {"layers": layers, "ranks": ranks, "dim": dim, "no_host_memory": no_host,
+                "failed": f"exit status {proc.returncode}", "wall_s": round(wall, 1)}
+    rows.sort(key=lambda r: r["rank"])
+    shapes = param_shapes(layers, dim)
+    expect = shard_bytes(shapes, ranks)
+    for r in rows:
+        r["matches"] = {
+            "params": r["param_storage"] == expect,
+            "grads": r["grad_bytes"] == expect,
+            "adamw_state": r["adamw_state"] == 2 * expect,
+        }
+        # what torch's allocator adds to the shards: a large block keeps the
+        # rest of its 2 MiB-rounded segment when under 1 MiB (0 when every
+        # shard is a multiple of 2 MiB or leaves more than 1 MiB)
+        r["after_to_empty_minus_arithmetic"] = r["after_to_empty"] - expect
+        r["after_step_minus_params_and_state"] = r[f"after_step{args.steps - 1}"] - 3 * expect
+    gib = 1 << 30
+    return {
+        "layers": layers, "ranks": ranks, "dim": dim, "no_host_memory": no_host,
+        "wall_s": round(wall, 1),
+        "parameters": rows[0]["params"],
+        "arithmetic": {"params_per_rank": expect, "grads_per_rank": expect,
+                       "adamw_state_per_rank": 2 * expect,
+                       "sum_gib": round(4 * expect / gib, 3)},
+        "all_match": all(all(r["matches"].values()) for r in rows),
+        "host_rss_peak_gib": [round(r["host_rss_peak"] / gib, 3) for r in rows],
+        "peak_allocated_gib": [round(r["peak_allocated"] / gib, 3) for r in rows],
+        "ranks": rows,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--dim", type=int, default=4096)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--compare-layers", type=int, default=2,
+                    help="also run L layers with and without --no-host-memory (0: skip)")
+    ap.add_argument("--compare-ranks", type=int, default=2)
+    ap.add_argument("--compare-dim", type=int, default=1024)
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    result = {"command": " ".join([Path(sys.executable).name] + sys.argv),
+              "config": {k: getattr(args, k) for k in ("ranks", "layers", "dim", "seq", "batch",
+                                                      "steps")},
+              "dtype": "float32", "main": run_ranks(args, args.layers, True)}
+    print(json.dumps(result, indent=1), flush=True)
+    ok = result["main"].get("all_match", False)
+    if args.compare_layers:
+        # without the mode every rank's device memory that copies touch is
+        # host memory: keep this run small (the default is 2 ranks, dim 1024)
+        compare = {mode: run_ranks(args, args.compare_layers, mode == "on", args.compare_ranks,
+                                   args.compare_dim) for mode in ("on", "off")}
+        if "failed" not in compare["on"] and "failed" not in compare["off"]:
+            on, off = (compare[m]["host_rss_peak_gib"] for m in ("on", "off"))
+            compare["rss_ratio_off_over_on"] = round(max(off) / max(on), 2)
+        print(json.dumps({"compare": compare}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
