@@ -3,7 +3,7 @@ GPUs, on a machine with far less memory than the model.
 
     python benchmarks/fsdp_scale.py [--ranks 8] [--layers 32] [--dim 4096]
                                     [--seq 512] [--batch 1] [--steps 1]
-                                    [--compare-layers 2] [--no-compare]
+                                    [--compare-layers 2 (0: none)] [--with-gpumem]
 
 The model has LLaMA-3-8B's shapes (dim 4096, 32 layers, 32 query heads and
 8 key/value heads, SwiGLU MLP of 14336, vocabulary 128256, RMSNorm; no
@@ -27,8 +27,11 @@ With --compare-layers L (default 2), the same step on a smaller model (L
 layers of --compare-dim 1024 on --compare-ranks 2) runs twice more, with
 and without --no-host-memory, to show what the mode saves in host memory
 (without it, every byte that copies put on a device is host memory, so
-that run must be small). Prints a JSON object for the main run, then one
-for the comparison.
+that run must be small). With --with-gpumem the main model runs once more
+under ``gpumem simulate --nproc-per-node N`` (gpumem installed and recording
+in every rank), and its per-rank figures are compared with torch's
+allocator's. Prints a JSON object for the main run, then one for each
+comparison.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ import json
 import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -174,30 +179,43 @@ def worker(args) -> None:
 # ----------------------------------------------------------------------
 # the launcher
 
-def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0) -> dict:
+def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0,
+              gpumem: bool = False) -> dict:
+    """gpumem: run under `gpumem simulate --nproc-per-node` (gpumem installed and
+    recording in every rank; its no-host-memory default) instead of torch's
+    allocator under gpumem.sim."""
     ranks, dim = ranks or args.ranks, dim or args.dim
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "gpumem.sim", "--devices", str(ranks), "--memory", "80GiB"]
-    if no_host:
-        cmd.append("--no-host-memory")
-    cmd += ["--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-            str(ranks), "--master-port", str(port), str(Path(__file__).resolve()), "--worker",
-            "--layers", str(layers), "--dim", str(dim), "--seq", str(args.seq),
-            "--batch", str(args.batch), "--steps", str(args.steps)]
+    worker = [str(Path(__file__).resolve()), "--worker", "--layers", str(layers), "--dim",
+              str(dim), "--seq", str(args.seq), "--batch", str(args.batch), "--steps",
+              str(args.steps)]
+    out_dir = None
+    if gpumem:
+        out_dir = tempfile.mkdtemp(prefix="fsdp-scale-")
+        cmd = [sys.executable, "-m", "gpumem.simulate", "--nproc-per-node", str(ranks),
+               "--memory", "80GiB", "--no-view", "--out", out_dir, "--"] + worker
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "gpumem.sim", "--devices", str(ranks), "--memory", "80GiB"]
+        if no_host:
+            cmd.append("--no-host-memory")
+        cmd += ["--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                str(ranks), "--master-port", str(port)] + worker
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.pop("GPUMEM_FAKECUDA_NO_HOST_MEMORY", None)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     wall = time.monotonic() - t0
+    if out_dir:
+        shutil.rmtree(out_dir, ignore_errors=True)
     rows = [json.loads(line.split("RANK_RESULT ", 1)[1]) for line in proc.stdout.splitlines()
             if "RANK_RESULT " in line]
     if proc.returncode != 0 or len(rows) != ranks:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
         return {"layers": layers, "ranks": ranks, "dim": dim, "no_host_memory": no_host,
-                "failed": f"exit status {proc.returncode}", "wall_s": round(wall, 1)}
+                "allocator": "gpumem" if gpumem else "torch", "failed": f"exit status {proc.returncode}", "wall_s": round(wall, 1)}
     rows.sort(key=lambda r: r["rank"])
     shapes = param_shapes(layers, dim)
     expect = shard_bytes(shapes, ranks)
@@ -215,7 +233,7 @@ def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0) ->
     gib = 1 << 30
     return {
         "layers": layers, "ranks": ranks, "dim": dim, "no_host_memory": no_host,
-        "wall_s": round(wall, 1),
+        "allocator": "gpumem" if gpumem else "torch", "wall_s": round(wall, 1),
         "parameters": rows[0]["params"],
         "arithmetic": {"params_per_rank": expect, "grads_per_rank": expect,
                        "adamw_state_per_rank": 2 * expect,
@@ -240,6 +258,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-ranks", type=int, default=2)
     ap.add_argument("--compare-dim", type=int, default=1024)
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--with-gpumem", action="store_true",
+                    help="also run the main model under gpumem simulate --nproc-per-node "
+                         "(gpumem installed and recording in every rank) and compare")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -251,6 +272,18 @@ def main(argv=None) -> int:
               "dtype": "float32", "main": run_ranks(args, args.layers, True)}
     print(json.dumps(result, indent=1), flush=True)
     ok = result["main"].get("all_match", False)
+    if args.with_gpumem:
+        g, t = run_ranks(args, args.layers, True, gpumem=True), result["main"]
+        side = {"gpumem": g}
+        if "failed" not in g and "failed" not in t:
+            side["peak_allocated_equal"] = [a["peak_allocated"] == b["peak_allocated"]
+                                            for a, b in zip(g["ranks"], t["ranks"])]
+            side["reserved_equal"] = [a["reserved"] == b["reserved"]
+                                      for a, b in zip(g["ranks"], t["ranks"])]
+            side["host_rss_peak_ratio_gpumem_over_torch"] = round(
+                max(g["host_rss_peak_gib"]) / max(t["host_rss_peak_gib"]), 3)
+        ok = ok and g.get("all_match", False) and all(side.get("peak_allocated_equal", [False]))
+        print(json.dumps({"with_gpumem": side}, indent=1), flush=True)
     if args.compare_layers:
         # without the mode every rank's device memory that copies touch is
         # host memory: keep this run small (the default is 2 ranks, dim 1024)
