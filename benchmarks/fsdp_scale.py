@@ -171,7 +171,9 @@ def worker(args) -> None:
     status = open("/proc/self/status").read()
     out["host_rss_peak"] = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
     out["host_rss"] = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
-    print("RANK_RESULT " + json.dumps(out), flush=True)
+    # one file per rank: eight ranks' printed lines can interleave
+    with open(os.path.join(args.results, f"rank{out['rank']}.json"), "w") as f:
+        json.dump(out, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -188,9 +190,11 @@ def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0,
     worker = [str(Path(__file__).resolve()), "--worker", "--layers", str(layers), "--dim",
               str(dim), "--seq", str(args.seq), "--batch", str(args.batch), "--steps",
               str(args.steps)]
-    out_dir = None
+    out_dir = tempfile.mkdtemp(prefix="fsdp-scale-")
+    results = os.path.join(out_dir, "results")
+    os.mkdir(results)
+    worker += ["--results", results]
     if gpumem:
-        out_dir = tempfile.mkdtemp(prefix="fsdp-scale-")
         cmd = [sys.executable, "-m", "gpumem.simulate", "--nproc-per-node", str(ranks),
                "--memory", "80GiB", "--no-view", "--out", out_dir, "--"] + worker
     else:
@@ -208,10 +212,11 @@ def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0,
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     wall = time.monotonic() - t0
-    if out_dir:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    rows = [json.loads(line.split("RANK_RESULT ", 1)[1]) for line in proc.stdout.splitlines()
-            if "RANK_RESULT " in line]
+    rows = []
+    for name in sorted(os.listdir(results)):
+        with open(os.path.join(results, name)) as f:
+            rows.append(json.load(f))
+    shutil.rmtree(out_dir, ignore_errors=True)
     if proc.returncode != 0 or len(rows) != ranks:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
         return {"layers": layers, "ranks": ranks, "dim": dim, "no_host_memory": no_host,
@@ -262,6 +267,7 @@ def main(argv=None) -> int:
                     help="also run the main model under gpumem simulate --nproc-per-node "
                          "(gpumem installed and recording in every rank) and compare")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--results", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
