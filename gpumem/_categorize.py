@@ -17,10 +17,26 @@ Approach: a tag made at seq t names the allocation live at its address at t:
   event that allocated it was pushed).  A tag that finds no live allocation in
   the window names a block allocated before it (a parameter created before
   recording): it is kept for that address until a free there ends it.
-  Untagged allocations take their category from the phase they happen in.
+  Untagged allocations take their category from the phase they happen in
+  and from how long they live (Note [Categories from the phase]).
 Limitations: an event the ring failed to store (host memory exhausted)
   shifts the numbering of the events before it; their categories may then be
   wrong.  Allocations outside every phase and never tagged are 'unknown'.
+
+Note [Categories from the phase]
+Rationale: what autograd saves for backward is what forward allocated and
+  backward still needs; asking autograd (saved-tensors hooks) costs a Python
+  call per saved tensor, while the trace already says when each allocation
+  is freed.
+Approach: an untagged allocation made in forward is an activation if it is
+  still alive when the next backward starts (or, with no backward after it,
+  at the end of the trace: a snapshot taken in forward), a temporary if it is
+  freed before; one made in an optimizer step and still alive when the step
+  ends is optimizer state, a temporary otherwise; one made in backward is an
+  autograd detail; any other is unknown.
+Limitations: a forward tensor the user keeps into backward without autograd
+  saving it (a logged output) counts as an activation; a forward with no
+  backward at all leaves its last outputs as activations.
 """
 
 from __future__ import annotations
@@ -47,10 +63,15 @@ _ALLOC_ACTIONS = ("alloc",)
 _FREE_ACTIONS = ("free_requested", "free_completed")
 
 
-def phase_category(phase: str) -> str:
-    """The category of an untagged allocation made in ``phase``."""
-    return {"forward": "temporary", "backward": "autograd_detail",
-            "optimizer": "temporary"}.get(phase, "unknown")
+def phase_category(phase: str, outlives: bool = False) -> str:
+    """The category of an untagged allocation made in ``phase``; ``outlives``:
+    it is still alive when the phase's work ends (Note [Categories from the
+    phase]: the next backward for forward, the step's end for an optimizer)."""
+    if phase == "forward":
+        return "activation" if outlives else "temporary"
+    if phase == "optimizer":
+        return "optimizer_state" if outlives else "temporary"
+    return "autograd_detail" if phase == "backward" else "unknown"
 
 
 def _stronger(a: Optional[str], b: str) -> str:
@@ -76,6 +97,7 @@ def resolve_device(events: list, first_seq: int, tags: Iterable[tuple],
     pre: dict[int, str] = {}                     # addr -> role (allocated before the window)
     pre_gone: set[int] = set()                   # pre-window blocks freed in the window
     phs: list[int] = [0] * n
+    freed: list[Optional[int]] = [None] * n      # by alloc index: seq of its free_requested
     ti = 0
     for i, e in enumerate(events):
         seq = first_seq + i
@@ -93,24 +115,53 @@ def resolve_device(events: list, first_seq: int, tags: Iterable[tuple],
         if act in _ALLOC_ACTIONS:
             live[e["addr"]] = i
         elif act == "free_requested":
-            if live.pop(e["addr"], None) is None:
+            j = live.pop(e["addr"], None)
+            if j is None:
                 pre_gone.add(e["addr"])
+            else:
+                freed[j] = seq
     for _, addr, r in tags[ti:]:   # tags after the last event
         j = live.get(addr)
         if j is not None:
             role[j] = _stronger(role[j], r)
         elif addr not in pre_gone:
             pre[addr] = _stronger(pre.get(addr), r)
-    return _fill(events, role, phs, pre), phs, pre
+    ends = _phase_ends(phases)
+    outlives = [False] * n
+    for i in range(n):
+        if role[i] is None and events[i].get("action") in _ALLOC_ACTIONS:
+            outlives[i] = _outlives(first_seq + i, freed[i], PHASES[phs[i]], ends)
+    return _fill(events, role, phs, pre, outlives), phs, pre
 
 
-def _fill(events: list, role: list, phs: list, pre: dict) -> list:
+def _phase_ends(phases: list) -> dict:
+    """Per phase with an end that matters: the sorted seqs at which it ends
+    (forward: every backward start; optimizer: every change away from it)."""
+    backward = [s for s, p in phases if p == "backward"]
+    step_ends = [s for (_, p), (s, _) in zip(phases, phases[1:]) if p == "optimizer"]
+    return {"forward": backward, "optimizer": step_ends}
+
+
+def _outlives(seq: int, freed: Optional[int], phase: str, ends: dict) -> bool:
+    """Whether the allocation made at ``seq`` in ``phase`` and freed at
+    ``freed`` (None: alive at the end of the trace) is alive when the phase's
+    work ends (Note [Categories from the phase])."""
+    marks = ends.get(phase)
+    if marks is None:
+        return False
+    k = bisect.bisect_right(marks, seq)
+    if k == len(marks):   # the phase's work has not ended in the trace
+        return freed is None and phase == "forward"
+    return freed is None or freed >= marks[k]
+
+
+def _fill(events: list, role: list, phs: list, pre: dict, outlives: list) -> list:
     cats: list[Optional[int]] = [None] * len(events)
     open_: dict[int, int] = {}   # addr -> category of the live allocation
     for i, e in enumerate(events):
         act = e.get("action")
         if act in _ALLOC_ACTIONS:
-            c = role[i] or phase_category(PHASES[phs[i]])
+            c = role[i] or phase_category(PHASES[phs[i]], outlives[i])
             cats[i] = open_[e["addr"]] = CATEGORIES.index(c)
         elif act in _FREE_ACTIONS:
             addr = e["addr"]

@@ -27,8 +27,9 @@ def test_category_follows_the_allocation_not_the_address():
     tags = [(101, 0x1000, "gradient"), (104, 0x1000, "activation")]
     phases = [(100, "backward"), (103, "forward")]
     cats, phs, pre = resolve_device(events, first, tags, phases)
+    # 0x2000: allocated in forward and alive at the end of the trace, no backward yet
     assert cats == [C("gradient"), C("gradient"), C("gradient"), C("activation"),
-                    C("temporary")]
+                    C("activation")]
     assert [("other", "forward", "backward", "optimizer")[p] for p in phs] == [
         "backward", "backward", "backward", "forward", "forward"]
     assert pre == {}
@@ -65,8 +66,31 @@ def test_untagged_allocations_take_their_phase():
     events = [ev("alloc", a) for a in (1, 2, 3, 4)]
     phases = [(1, "forward"), (2, "backward"), (3, "optimizer")]
     cats, _, _ = resolve_device(events, 0, [], phases)
-    assert [CATEGORIES[c] for c in cats] == ["unknown", "temporary", "autograd_detail",
+    # the step has not ended in the trace: its allocation is a temporary
+    assert [CATEGORIES[c] for c in cats] == ["unknown", "activation", "autograd_detail",
                                              "temporary"]
+
+
+def test_forward_allocations_alive_at_backward_are_activations():
+    # seq 0..: forward allocates 1, 2, 3; 2 is freed before backward starts
+    # (seq 5), 1 during backward, 3 never; then backward allocates 4 and a
+    # step allocates 5 (freed in it) and 6 (kept: state)
+    events = [ev("alloc", 1), ev("alloc", 2), ev("alloc", 3), ev("free_requested", 2),
+              ev("free_completed", 2), ev("alloc", 4), ev("free_requested", 1),
+              ev("free_completed", 1), ev("alloc", 5), ev("alloc", 6), ev("free_requested", 5),
+              ev("free_completed", 5), ev("alloc", 7)]
+    phases = [(0, "forward"), (5, "backward"), (8, "optimizer"), (12, "other")]
+    cats, _, _ = resolve_device(events, 0, [], phases)
+    got = {e["addr"]: CATEGORIES[c] for e, c in zip(events, cats) if e["action"] == "alloc"}
+    assert got == {1: "activation", 2: "temporary", 3: "activation", 4: "autograd_detail",
+                   5: "temporary", 6: "optimizer_state", 7: "unknown"}
+    # the next forward's allocations are judged against the next backward
+    events2 = events + [ev("alloc", 8), ev("free_requested", 8), ev("free_completed", 8),
+                        ev("alloc", 9), ev("alloc", 10)]
+    phases2 = phases + [(13, "forward"), (17, "backward")]
+    cats, _, _ = resolve_device(events2, 0, [], phases2)
+    assert [CATEGORIES[c] for c in cats[13:]] == ["temporary"] * 3 + ["activation",
+                                                                      "autograd_detail"]
 
 
 # On the simulated GPU: OUT holds what the bars are checked against.
@@ -257,22 +281,23 @@ def test_simulate_reports_the_estimation_equation(tmp_path, categories):
 
 def test_a_failing_hook_does_not_stop_training(caplog):
     """The hooks run inside the user's step: an error of ours is logged once
-    and the tensor goes through (no torch needed: a stand-in tagger)."""
+    and the step goes on (no torch needed: a stand-in tagger)."""
     from gpumem import categories
 
     class Broken(categories._Tagger):
         def __init__(self):
             self.failed = False
+            self.phase = "forward"     # no phase change to note
+            self.arm_handle = None
 
-        def tag(self, t, role):
+        def tag_all(self, tensors, role):
             raise RuntimeError("boom")
 
     b = Broken()
-    x = object()
     with caplog.at_level("WARNING", logger="gpumem"):
-        assert b.pack(x) is x
-        assert b.pack(x) is x
-    assert [r.message for r in caplog.records if "pack hook failed" in r.message] != []
+        assert b.forward_start(object(), (object(),)) is None
+        assert b.forward_start(object(), (object(),)) is None
+    assert [r.message for r in caplog.records if "forward_start hook failed" in r.message] != []
     assert len(caplog.records) == 1
 
 
