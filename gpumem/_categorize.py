@@ -33,8 +33,13 @@ Approach: an untagged allocation made in forward is an activation if it is
   at the end of the trace: a snapshot taken in forward), a temporary if it is
   freed before; one made in an optimizer step and still alive when the step
   ends is optimizer state, a temporary otherwise; one made in backward is an
-  autograd detail; any other is unknown.
-Limitations: a forward tensor the user keeps into backward without autograd
+  autograd detail; any other is unknown.  Before these, an untagged
+  allocation still alive at the end of the trace whose stack passes through
+  torch's cuBLAS handle pool is a workspace (torch keeps one per handle and
+  stream until it is told to clear them).
+Limitations: workspaces are found only in stacks with C++ frames
+  (stacks='all'); with Python stacks alone, one made in the first recorded
+  forward counts as an activation. a forward tensor the user keeps into backward without autograd
   saving it (a logged output) counts as an activation; a forward with no
   backward at all leaves its last outputs as activations.
 """
@@ -47,9 +52,10 @@ from typing import Iterable, Optional
 __all__ = ["CATEGORIES", "ROLES", "PHASES", "TABLE_KEY", "resolve_device", "block_categories",
            "phase_category"]
 
-#: Every category, in the order the table's indices use.
+#: Every category, in the order the table's indices use (new ones go at the
+#: end: a table written before them is a prefix and stays readable).
 CATEGORIES = ("parameter", "optimizer_state", "gradient", "activation", "input",
-              "temporary", "autograd_detail", "unknown")
+              "temporary", "autograd_detail", "unknown", "workspace")
 #: Roles a tag can give, strongest first (a parameter saved for backward is a parameter).
 ROLES = ("parameter", "gradient", "optimizer_state", "input", "activation")
 _RANK = {r: i for i, r in enumerate(ROLES)}
@@ -60,6 +66,9 @@ PHASES = ("other", "forward", "backward", "optimizer")
 TABLE_KEY = "gpumem_categories"
 
 _ALLOC_ACTIONS = ("alloc",)
+#: torch's cuBLAS handle pool, which allocates each handle's workspace (the
+#: C++ frames of a stack recorded with stacks='all').
+_WORKSPACE_FRAMES = ("at::cuda::getCurrentCUDABlasHandle", "at::cuda::getCUDABlasLtWorkspace")
 _FREE_ACTIONS = ("free_requested", "free_completed")
 
 
@@ -130,8 +139,20 @@ def resolve_device(events: list, first_seq: int, tags: Iterable[tuple],
     outlives = [False] * n
     for i in range(n):
         if role[i] is None and events[i].get("action") in _ALLOC_ACTIONS:
+            if freed[i] is None and _workspace(events[i]):
+                role[i] = "workspace"
+                continue
             outlives[i] = _outlives(first_seq + i, freed[i], PHASES[phs[i]], ends)
     return _fill(events, role, phs, pre, outlives), phs, pre
+
+
+def _workspace(e: dict) -> bool:
+    """Whether the allocation was made by torch's cuBLAS handle pool."""
+    for f in e.get("frames") or ():
+        name = f.get("name") if isinstance(f, dict) else None
+        if isinstance(name, str) and name.startswith(_WORKSPACE_FRAMES):
+            return True
+    return False
 
 
 def _phase_ends(phases: list) -> dict:

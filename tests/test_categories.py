@@ -93,6 +93,15 @@ def test_forward_allocations_alive_at_backward_are_activations():
                                                                       "autograd_detail"]
 
 
+def test_allocations_of_the_cublas_handle_pool_are_workspaces():
+    blas = [{"name": "at::cuda::getCurrentCUDABlasHandle(bool)", "filename": "??", "line": 0}]
+    events = [dict(ev("alloc", 1), frames=blas), dict(ev("alloc", 2), frames=blas),
+              ev("alloc", 3), ev("free_requested", 2), ev("free_completed", 2)]
+    cats, _, _ = resolve_device(events, 0, [], [(0, "forward"), (4, "backward")])
+    # 2 was freed before backward (not a workspace torch keeps), 3 has no such frame
+    assert [CATEGORIES[c] for c in cats[:3]] == ["workspace", "temporary", "activation"]
+
+
 # On the simulated GPU: OUT holds what the bars are checked against.
 LOOP = '''
 import pickle, tempfile, os
@@ -326,3 +335,47 @@ emit({{"inside": inside, "after": categories.enabled(),
     assert {"gradient", "optimizer_state", "activation"} <= set(r["names"])
     # live at the end, allocated before it: the parameters and the input keep their tags
     assert {"parameter", "input", "optimizer_state"} <= set(r["block_names"])
+
+
+def test_loop_without_optimizer_buffers_and_uninstall():
+    """No optimizer: gradients are tagged when backward returns; module
+    buffers (BatchNorm's statistics) count as parameters; turning categories
+    off restores torch's backward entry points and leaves no global hook."""
+    r = run_gm('''
+import gpumem.history as h
+from gpumem.analysis import build_device
+from gpumem import category_report as cr
+orig = (torch.autograd.backward, torch.autograd.grad)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64),
+                            torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+x = torch.randn(16, 32, device="cuda")
+# C++ frames: the workspaces are told apart by torch's cuBLAS handle pool in their stacks
+h.record_memory_history("all", stacks="all", categories=True, clear_history=True)
+wrapped = torch.autograd.backward is not orig[0] and torch.autograd.grad is not orig[1]
+for _ in range(3):
+    model(x).pow(2).mean().backward()      # gradients accumulate in place
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 1e-3 * p.grad
+snap = h.snapshot()
+h.record_memory_history(None)
+m = build_device(snap, 0)
+cats = cr.allocation_categories(snap, m)
+from torch.nn.modules import module as mm
+emit({"end": cr.breakdown(m, cats, m.n_events - 1), "peak": cr.breakdown(m, cats, m.peak_index),
+      "pb": sum(p.numel() * p.element_size() for p in model.parameters()),
+      "bb": sum(b.numel() * b.element_size() for b in model.buffers()),
+      "wrapped": wrapped,
+      "restored": (torch.autograd.backward, torch.autograd.grad) == orig,
+      "hooks_left": len(mm._global_forward_pre_hooks)})
+''')
+    assert r["wrapped"] and r["restored"] and r["hooks_left"] == 0
+    assert r["end"]["gradient"] == r["pb"]
+    assert r["end"]["parameter"] == r["pb"] + r["bb"]
+    assert r["peak"]["activation"] > 0 and r["end"]["activation"] == 0
+    assert r["end"]["input"] == 16 * 32 * 4
+    # cuBLAS's workspaces, made in the first forward and backward, kept by torch
+    assert r["end"]["workspace"] > 0 and r["end"]["workspace"] % (1 << 20) == 0
+    assert sum(r["end"].values()) - r["end"]["workspace"] == (
+        r["pb"] + r["bb"] + r["pb"] + r["end"]["input"] + r["end"]["unknown"])
