@@ -246,6 +246,15 @@ def test_summary_without_a_table_has_no_categories_and_bad_tables_are_unknown(tm
     assert at_end["unknown"] == 360 and at_end["parameter"] == 50
 
 
+def test_tables_written_before_a_category_was_added_still_read():
+    from gpumem import category_report as cr
+    snap = _snapshot()
+    snap["gpumem_categories"]["categories"] = list(CATEGORIES[:-1])   # before 'workspace'
+    assert cr.has_table(snap)
+    snap["gpumem_categories"]["categories"] = ["activation"] + list(CATEGORIES[1:])
+    assert not cr.has_table(snap)
+
+
 # ------------------------------------------------------------ gpumem simulate
 
 SIM_SCRIPT = "import json, torch\n" + TRANSFORMER + '''
