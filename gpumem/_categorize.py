@@ -30,18 +30,24 @@ Rationale: what autograd saves for backward is what forward allocated and
   is freed.
 Approach: an untagged allocation made in forward is an activation if it is
   still alive when the next backward starts (or, with no backward after it,
-  at the end of the trace: a snapshot taken in forward), a temporary if it is
-  freed before; one made in an optimizer step and still alive when the step
-  ends is optimizer state, a temporary otherwise; one made in backward is an
-  autograd detail; any other is unknown.  Before these, an untagged
-  allocation still alive at the end of the trace whose stack passes through
-  torch's cuBLAS handle pool is a workspace (torch keeps one per handle and
-  stream until it is told to clear them).
+  at the end of the trace: a snapshot taken in forward), a temporary if it
+  is freed before, and unknown if it is still alive when the backward after
+  that starts (a backward frees what it needed: this is memory kept from
+  step to step, such as cuBLAS's workspace).  One made in an optimizer step
+  and still alive when the step ends is optimizer state, a temporary
+  otherwise; one made in backward is an autograd detail; any other is
+  unknown.  Before these, an untagged allocation still alive at the end of
+  the trace whose stack passes through torch's cuBLAS handle pool is a
+  workspace (torch keeps one per handle and stream until told to clear
+  them).
 Limitations: workspaces are found only in stacks with C++ frames
   (stacks='all'); with Python stacks alone, one made in the first recorded
-  forward counts as an activation. a forward tensor the user keeps into backward without autograd
-  saving it (a logged output) counts as an activation; a forward with no
-  backward at all leaves its last outputs as activations.
+  forward is unknown, or an activation when the trace holds one backward
+  only.  Saved tensors kept across backwards (retain_graph=True, pipelined
+  schedules that run two forwards before their backwards) are unknown.  A
+  forward tensor the user keeps into backward without autograd saving it
+  (a logged output) counts as an activation; a forward with no backward at
+  all leaves its last outputs as activations.
 """
 
 from __future__ import annotations
@@ -136,7 +142,7 @@ def resolve_device(events: list, first_seq: int, tags: Iterable[tuple],
         elif addr not in pre_gone:
             pre[addr] = _stronger(pre.get(addr), r)
     ends = _phase_ends(phases)
-    outlives = [False] * n
+    outlives: list[Optional[bool]] = [False] * n
     for i in range(n):
         if role[i] is None and events[i].get("action") in _ALLOC_ACTIONS:
             if freed[i] is None and _workspace(events[i]):
@@ -163,17 +169,23 @@ def _phase_ends(phases: list) -> dict:
     return {"forward": backward, "optimizer": step_ends}
 
 
-def _outlives(seq: int, freed: Optional[int], phase: str, ends: dict) -> bool:
+def _outlives(seq: int, freed: Optional[int], phase: str, ends: dict) -> Optional[bool]:
     """Whether the allocation made at ``seq`` in ``phase`` and freed at
     ``freed`` (None: alive at the end of the trace) is alive when the phase's
-    work ends (Note [Categories from the phase])."""
+    work ends (Note [Categories from the phase]); None for a forward
+    allocation still alive when the backward after next starts (not an
+    activation of its step)."""
     marks = ends.get(phase)
     if marks is None:
         return False
     k = bisect.bisect_right(marks, seq)
     if k == len(marks):   # the phase's work has not ended in the trace
         return freed is None and phase == "forward"
-    return freed is None or freed >= marks[k]
+    if freed is not None and freed < marks[k]:
+        return False
+    if phase == "forward" and k + 1 < len(marks) and (freed is None or freed >= marks[k + 1]):
+        return None
+    return True
 
 
 def _fill(events: list, role: list, phs: list, pre: dict, outlives: list) -> list:
@@ -182,7 +194,8 @@ def _fill(events: list, role: list, phs: list, pre: dict, outlives: list) -> lis
     for i, e in enumerate(events):
         act = e.get("action")
         if act in _ALLOC_ACTIONS:
-            c = role[i] or phase_category(PHASES[phs[i]], outlives[i])
+            c = role[i] or ("unknown" if outlives[i] is None
+                            else phase_category(PHASES[phs[i]], outlives[i]))
             cats[i] = open_[e["addr"]] = CATEGORIES.index(c)
         elif act in _FREE_ACTIONS:
             addr = e["addr"]

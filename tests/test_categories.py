@@ -91,6 +91,9 @@ def test_forward_allocations_alive_at_backward_are_activations():
     cats, _, _ = resolve_device(events2, 0, [], phases2)
     assert [CATEGORIES[c] for c in cats[13:]] == ["temporary"] * 3 + ["activation",
                                                                       "autograd_detail"]
+    # 1 was freed in the first backward; 3 is still alive when the second
+    # starts: kept from step to step, not an activation of its step
+    assert CATEGORIES[cats[0]] == "activation" and CATEGORIES[cats[2]] == "unknown"
 
 
 def test_allocations_of_the_cublas_handle_pool_are_workspaces():
