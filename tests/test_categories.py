@@ -391,3 +391,39 @@ emit({"end": cr.breakdown(m, cats, m.n_events - 1), "peak": cr.breakdown(m, cats
     assert r["end"]["workspace"] > 0 and r["end"]["workspace"] % (1 << 20) == 0
     assert sum(r["end"].values()) - r["end"]["workspace"] == (
         r["pb"] + r["bb"] + r["pb"] + r["end"]["input"] + r["end"]["unknown"])
+
+
+def test_a_few_python_calls_per_step():
+    """The cost design (Note [Categories at a few calls per step]): per step
+    one forward-start call, one backward entry and exit, one step pre and
+    post, however many modules run and tensors autograd saves; no global
+    module hook stays registered through the forward."""
+    r = run_gm('''
+import gpumem.history as h
+from gpumem import categories
+from torch.nn.modules import module as mm
+calls = {}
+def counted(name):
+    fn = getattr(categories._Tagger, name)
+    def f(*a, **k):
+        calls[name] = calls.get(name, 0) + 1
+        return fn(*a, **k)
+    return f
+for name in ("forward_start", "backward_start", "backward_end", "step_pre", "step_post"):
+    setattr(categories._Tagger, name, counted(name))
+model, opt = make_model()
+x = torch.randn(4, 8, 64, device="cuda")
+inner = []
+model[1].register_forward_pre_hook(lambda m, a: inner.append(len(mm._global_forward_pre_hooks)))
+h.record_memory_history("all", categories=True, clear_history=True)
+for _ in range(4):
+    train_step(model, opt, x)
+armed = len(mm._global_forward_pre_hooks)
+h.record_memory_history(None)
+emit({"calls": calls, "inner": inner, "armed": armed,
+      "modules": sum(1 for _ in model.modules())})
+''', prelude=TRANSFORMER)
+    assert r["modules"] > 10
+    assert r["calls"] == {"forward_start": 4, "backward_start": 4, "backward_end": 4,
+                          "step_pre": 4, "step_post": 4}, r["calls"]
+    assert r["inner"] == [0, 0, 0, 0] and r["armed"] == 1
