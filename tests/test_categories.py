@@ -427,3 +427,30 @@ emit({"calls": calls, "inner": inner, "armed": armed,
     assert r["calls"] == {"forward_start": 4, "backward_start": 4, "backward_end": 4,
                           "step_pre": 4, "step_post": 4}, r["calls"]
     assert r["inner"] == [0, 0, 0, 0] and r["armed"] == 1
+
+
+def test_torch_compile_traces_with_categories_on():
+    """No saved-tensors hooks and no per-module hooks: torch.compile captures
+    the model in one graph, without graph breaks, and the categories hold."""
+    r = run_gm('''
+import gpumem.history as h
+from gpumem import category_report as cr
+from gpumem.analysis import build_device
+import torch._dynamo as dyn
+model, opt = make_model()
+compiled = torch.compile(model, backend="aot_eager")
+x = torch.randn(8, 16, 64, device="cuda")
+h.record_memory_history("all", categories=True, clear_history=True)
+for _ in range(3):
+    train_step(compiled, opt, x)
+snap = h.snapshot()
+h.record_memory_history(None)
+m = build_device(snap, 0)
+cats = cr.allocation_categories(snap, m)
+emit({"end": cr.breakdown(m, cats, m.n_events - 1),
+      "pb": sum(p.numel() * p.element_size() for p in model.parameters()),
+      "graphs": dyn.utils.counters["stats"]["unique_graphs"],
+      "breaks": sum(dyn.utils.counters["graph_break"].values())})
+''', prelude=TRANSFORMER)
+    assert r["graphs"] == 1 and r["breaks"] == 0
+    assert r["end"]["parameter"] == r["pb"] and r["end"]["optimizer_state"] == 2 * r["pb"]
