@@ -105,7 +105,7 @@ class _Tagger:
         self.optimizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # -> len(state)
         self.arm_handle: Any = None
         self.handles: list = []
-        self.wrapped: list = []             # (module, name, original)
+        self.wrapped: list = []             # (owner, name, original, our wrapper)
         self.devices = min(_MAX_DEVICES, max(1, torch.cuda.device_count()))
         self.active = False
         self.failed = False
