@@ -24,7 +24,9 @@ tensor, such as cuBLAS's workspaces, is in gpumem's peak only), and the
 peaks themselves.
 
 torch's categories: PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION,
-GRADIENT, AUTOGRAD_DETAIL, and None (unknown); gpumem's names map one to one.
+GRADIENT, AUTOGRAD_DETAIL, and None (unknown); gpumem's names map one to one,
+and gpumem's workspace (cuBLAS's, found with C++ stacks) is not in torch's
+timeline at all.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ print(json.dumps({"torch_no_tensor_id_at_peak": no_id, "torch": torch_cats, "gpu
 '''
 
 NAMES = ("parameter", "optimizer_state", "gradient", "activation", "input", "temporary",
-         "autograd_detail", "unknown")
+         "autograd_detail", "unknown", "workspace")   # torch has no workspace: always 0 there
 
 
 def run(model: str, steps: int) -> dict:

@@ -35,8 +35,10 @@ categories (gpumem's process only): categories_overhead_us_per_alloc, the
     context='all' without (nothing is added to the allocation path, so this
     is noise around 0); train_step_*: a Transformer (2 layers, d_model 64)
     + AdamW step, recording with and without categories, where the hooks
-    run (per module call, saved tensor, gradient, step), and that difference
-    per allocation of the step (categories_us_per_alloc_in_training).
+    run (a few per step: forward start, backward entry and exit, optimizer
+    step), and that difference per allocation of the step
+    (categories_us_per_alloc_in_training); steps are timed in CPU time of
+    the process, in alternating blocks of 10, 2 x --repeats per mode.
 snapshot_dump_s / snapshot_bytes: torch.cuda.memory._dump_snapshot() of a
     history holding --events trace entries (max_entries=--events, filled
     past the bound by a workload with several call sites at the same depth
@@ -123,8 +125,8 @@ breakdown = {m: statistics.median(runs[m]) - statistics.median(off)
              for m in ("events_only", "alloc_stack")}
 
 # --- categories (gpumem only): the pairs above with categories on, and a
-# small Transformer + AdamW training step (where the hooks run: per module
-# call, saved tensor, gradient and step), recording with and without them.
+# small Transformer + AdamW training step (where the hooks run: a few per
+# step), recording with and without them.
 categories = {}
 if which == "gpumem":
     sys.path.insert(0, tests_dir)
@@ -133,23 +135,26 @@ if which == "gpumem":
     model, opt = make_model()
     x = torch.randn(8, 16, 64, device="cuda")
     def train(n):
-        t0 = time.perf_counter()
+        # CPU time of this process (all its threads: autograd's too), which
+        # other processes on a shared machine disturb less than wall time;
+        # on the simulated GPU a step is all CPU work
+        t0 = time.process_time()
         for _ in range(n):
             model(x).float().pow(2).mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / n * 1e6
+        return (time.process_time() - t0) / n * 1e6
     step_runs = {"all": [], "categories": []}
     record("all")
     train(3)
     n0 = torch.cuda.memory_stats()["allocation.all.allocated"]
     train(1)
     allocs_per_step = torch.cuda.memory_stats()["allocation.all.allocated"] - n0
-    for r in range(repeats + 1):
+    for r in range(2 * repeats + 1):    # short blocks, alternating
         for m in step_runs:
             record(m)
-            v = train(20)
+            v = train(10)
             if r:
                 step_runs[m].append(v)
     record(False)

@@ -17,10 +17,37 @@ Approach: a tag made at seq t names the allocation live at its address at t:
   event that allocated it was pushed).  A tag that finds no live allocation in
   the window names a block allocated before it (a parameter created before
   recording): it is kept for that address until a free there ends it.
-  Untagged allocations take their category from the phase they happen in.
+  Untagged allocations take their category from the phase they happen in
+  and from how long they live (Note [Categories from the phase]).
 Limitations: an event the ring failed to store (host memory exhausted)
   shifts the numbering of the events before it; their categories may then be
   wrong.  Allocations outside every phase and never tagged are 'unknown'.
+
+Note [Categories from the phase]
+Rationale: what autograd saves for backward is what forward allocated and
+  backward still needs; asking autograd (saved-tensors hooks) costs a Python
+  call per saved tensor, while the trace already says when each allocation
+  is freed.
+Approach: an untagged allocation made in forward is an activation if it is
+  still alive when the next backward starts (or, with no backward after it,
+  at the end of the trace: a snapshot taken in forward), a temporary if it
+  is freed before, and unknown if it is still alive when the backward after
+  that starts (a backward frees what it needed: this is memory kept from
+  step to step, such as cuBLAS's workspace).  One made in an optimizer step
+  and still alive when the step ends is optimizer state, a temporary
+  otherwise; one made in backward is an autograd detail; any other is
+  unknown.  Before these, an untagged allocation still alive at the end of
+  the trace whose stack passes through torch's cuBLAS handle pool is a
+  workspace (torch keeps one per handle and stream until told to clear
+  them).
+Limitations: workspaces are found only in stacks with C++ frames
+  (stacks='all'); with Python stacks alone, one made in the first recorded
+  forward is unknown, or an activation when the trace holds one backward
+  only.  Saved tensors kept across backwards (retain_graph=True, pipelined
+  schedules that run two forwards before their backwards) are unknown.  A
+  forward tensor the user keeps into backward without autograd saving it
+  (a logged output) counts as an activation; a forward with no backward at
+  all leaves its last outputs as activations.
 """
 
 from __future__ import annotations
@@ -31,9 +58,10 @@ from typing import Iterable, Optional
 __all__ = ["CATEGORIES", "ROLES", "PHASES", "TABLE_KEY", "resolve_device", "block_categories",
            "phase_category"]
 
-#: Every category, in the order the table's indices use.
+#: Every category, in the order the table's indices use (new ones go at the
+#: end: a table written before them is a prefix and stays readable).
 CATEGORIES = ("parameter", "optimizer_state", "gradient", "activation", "input",
-              "temporary", "autograd_detail", "unknown")
+              "temporary", "autograd_detail", "unknown", "workspace")
 #: Roles a tag can give, strongest first (a parameter saved for backward is a parameter).
 ROLES = ("parameter", "gradient", "optimizer_state", "input", "activation")
 _RANK = {r: i for i, r in enumerate(ROLES)}
@@ -44,13 +72,21 @@ PHASES = ("other", "forward", "backward", "optimizer")
 TABLE_KEY = "gpumem_categories"
 
 _ALLOC_ACTIONS = ("alloc",)
+#: torch's cuBLAS handle pool, which allocates each handle's workspace (the
+#: C++ frames of a stack recorded with stacks='all').
+_WORKSPACE_FRAMES = ("at::cuda::getCurrentCUDABlasHandle", "at::cuda::getCUDABlasLtWorkspace")
 _FREE_ACTIONS = ("free_requested", "free_completed")
 
 
-def phase_category(phase: str) -> str:
-    """The category of an untagged allocation made in ``phase``."""
-    return {"forward": "temporary", "backward": "autograd_detail",
-            "optimizer": "temporary"}.get(phase, "unknown")
+def phase_category(phase: str, outlives: bool = False) -> str:
+    """The category of an untagged allocation made in ``phase``; ``outlives``:
+    it is still alive when the phase's work ends (Note [Categories from the
+    phase]: the next backward for forward, the step's end for an optimizer)."""
+    if phase == "forward":
+        return "activation" if outlives else "temporary"
+    if phase == "optimizer":
+        return "optimizer_state" if outlives else "temporary"
+    return "autograd_detail" if phase == "backward" else "unknown"
 
 
 def _stronger(a: Optional[str], b: str) -> str:
@@ -76,6 +112,7 @@ def resolve_device(events: list, first_seq: int, tags: Iterable[tuple],
     pre: dict[int, str] = {}                     # addr -> role (allocated before the window)
     pre_gone: set[int] = set()                   # pre-window blocks freed in the window
     phs: list[int] = [0] * n
+    freed: list[Optional[int]] = [None] * n      # by alloc index: seq of its free_requested
     ti = 0
     for i, e in enumerate(events):
         seq = first_seq + i
@@ -93,24 +130,72 @@ def resolve_device(events: list, first_seq: int, tags: Iterable[tuple],
         if act in _ALLOC_ACTIONS:
             live[e["addr"]] = i
         elif act == "free_requested":
-            if live.pop(e["addr"], None) is None:
+            j = live.pop(e["addr"], None)
+            if j is None:
                 pre_gone.add(e["addr"])
+            else:
+                freed[j] = seq
     for _, addr, r in tags[ti:]:   # tags after the last event
         j = live.get(addr)
         if j is not None:
             role[j] = _stronger(role[j], r)
         elif addr not in pre_gone:
             pre[addr] = _stronger(pre.get(addr), r)
-    return _fill(events, role, phs, pre), phs, pre
+    ends = _phase_ends(phases)
+    outlives: list[Optional[bool]] = [False] * n
+    for i in range(n):
+        if role[i] is None and events[i].get("action") in _ALLOC_ACTIONS:
+            if freed[i] is None and _workspace(events[i]):
+                role[i] = "workspace"
+                continue
+            outlives[i] = _outlives(first_seq + i, freed[i], PHASES[phs[i]], ends)
+    return _fill(events, role, phs, pre, outlives), phs, pre
 
 
-def _fill(events: list, role: list, phs: list, pre: dict) -> list:
+def _workspace(e: dict) -> bool:
+    """Whether the allocation was made by torch's cuBLAS handle pool."""
+    for f in e.get("frames") or ():
+        name = f.get("name") if isinstance(f, dict) else None
+        if isinstance(name, str) and name.startswith(_WORKSPACE_FRAMES):
+            return True
+    return False
+
+
+def _phase_ends(phases: list) -> dict:
+    """Per phase with an end that matters: the sorted seqs at which it ends
+    (forward: every backward start; optimizer: every change away from it)."""
+    backward = [s for s, p in phases if p == "backward"]
+    step_ends = [s for (_, p), (s, _) in zip(phases, phases[1:]) if p == "optimizer"]
+    return {"forward": backward, "optimizer": step_ends}
+
+
+def _outlives(seq: int, freed: Optional[int], phase: str, ends: dict) -> Optional[bool]:
+    """Whether the allocation made at ``seq`` in ``phase`` and freed at
+    ``freed`` (None: alive at the end of the trace) is alive when the phase's
+    work ends (Note [Categories from the phase]); None for a forward
+    allocation still alive when the backward after next starts (not an
+    activation of its step)."""
+    marks = ends.get(phase)
+    if marks is None:
+        return False
+    k = bisect.bisect_right(marks, seq)
+    if k == len(marks):   # the phase's work has not ended in the trace
+        return freed is None and phase == "forward"
+    if freed is not None and freed < marks[k]:
+        return False
+    if phase == "forward" and k + 1 < len(marks) and (freed is None or freed >= marks[k + 1]):
+        return None
+    return True
+
+
+def _fill(events: list, role: list, phs: list, pre: dict, outlives: list) -> list:
     cats: list[Optional[int]] = [None] * len(events)
     open_: dict[int, int] = {}   # addr -> category of the live allocation
     for i, e in enumerate(events):
         act = e.get("action")
         if act in _ALLOC_ACTIONS:
-            c = role[i] or phase_category(PHASES[phs[i]])
+            c = role[i] or ("unknown" if outlives[i] is None
+                            else phase_category(PHASES[phs[i]], outlives[i]))
             cats[i] = open_[e["addr"]] = CATEGORIES.index(c)
         elif act in _FREE_ACTIONS:
             addr = e["addr"]

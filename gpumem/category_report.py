@@ -32,7 +32,8 @@ def _table(snap: dict) -> Optional[dict]:
     t = snap.get(TABLE_KEY)
     if not isinstance(t, dict) or t.get("version") != 1:
         return None
-    if list(t.get("categories") or ()) != list(CATEGORIES):
+    names = list(t.get("categories") or ())
+    if not names or names != list(CATEGORIES[:len(names)]):   # older tables: a prefix
         return None
     return t
 

@@ -131,7 +131,8 @@ def record_memory_history(
     device: accepted for torch compatibility; recording covers all devices.
     skip_actions: action names (see ACTIONS) that are not recorded.
     categories: also note what each allocation is for (parameter, gradient,
-        optimizer state, activation, ...) through global torch hooks, and add
+        optimizer state, activation, ...) through a few global torch hooks and
+        wrappers of torch.autograd.backward and .grad, and add
         the ``gpumem_categories`` table to snapshots (gpumem.categories);
         each call sets it anew, so a call without it turns categories off.
 

@@ -27,8 +27,9 @@ def test_category_follows_the_allocation_not_the_address():
     tags = [(101, 0x1000, "gradient"), (104, 0x1000, "activation")]
     phases = [(100, "backward"), (103, "forward")]
     cats, phs, pre = resolve_device(events, first, tags, phases)
+    # 0x2000: allocated in forward and alive at the end of the trace, no backward yet
     assert cats == [C("gradient"), C("gradient"), C("gradient"), C("activation"),
-                    C("temporary")]
+                    C("activation")]
     assert [("other", "forward", "backward", "optimizer")[p] for p in phs] == [
         "backward", "backward", "backward", "forward", "forward"]
     assert pre == {}
@@ -65,8 +66,43 @@ def test_untagged_allocations_take_their_phase():
     events = [ev("alloc", a) for a in (1, 2, 3, 4)]
     phases = [(1, "forward"), (2, "backward"), (3, "optimizer")]
     cats, _, _ = resolve_device(events, 0, [], phases)
-    assert [CATEGORIES[c] for c in cats] == ["unknown", "temporary", "autograd_detail",
+    # the step has not ended in the trace: its allocation is a temporary
+    assert [CATEGORIES[c] for c in cats] == ["unknown", "activation", "autograd_detail",
                                              "temporary"]
+
+
+def test_forward_allocations_alive_at_backward_are_activations():
+    # seq 0..: forward allocates 1, 2, 3; 2 is freed before backward starts
+    # (seq 5), 1 during backward, 3 never; then backward allocates 4 and a
+    # step allocates 5 (freed in it) and 6 (kept: state)
+    events = [ev("alloc", 1), ev("alloc", 2), ev("alloc", 3), ev("free_requested", 2),
+              ev("free_completed", 2), ev("alloc", 4), ev("free_requested", 1),
+              ev("free_completed", 1), ev("alloc", 5), ev("alloc", 6), ev("free_requested", 5),
+              ev("free_completed", 5), ev("alloc", 7)]
+    phases = [(0, "forward"), (5, "backward"), (8, "optimizer"), (12, "other")]
+    cats, _, _ = resolve_device(events, 0, [], phases)
+    got = {e["addr"]: CATEGORIES[c] for e, c in zip(events, cats) if e["action"] == "alloc"}
+    assert got == {1: "activation", 2: "temporary", 3: "activation", 4: "autograd_detail",
+                   5: "temporary", 6: "optimizer_state", 7: "unknown"}
+    # the next forward's allocations are judged against the next backward
+    events2 = events + [ev("alloc", 8), ev("free_requested", 8), ev("free_completed", 8),
+                        ev("alloc", 9), ev("alloc", 10)]
+    phases2 = phases + [(13, "forward"), (17, "backward")]
+    cats, _, _ = resolve_device(events2, 0, [], phases2)
+    assert [CATEGORIES[c] for c in cats[13:]] == ["temporary"] * 3 + ["activation",
+                                                                      "autograd_detail"]
+    # 1 was freed in the first backward; 3 is still alive when the second
+    # starts: kept from step to step, not an activation of its step
+    assert CATEGORIES[cats[0]] == "activation" and CATEGORIES[cats[2]] == "unknown"
+
+
+def test_allocations_of_the_cublas_handle_pool_are_workspaces():
+    blas = [{"name": "at::cuda::getCurrentCUDABlasHandle(bool)", "filename": "??", "line": 0}]
+    events = [dict(ev("alloc", 1), frames=blas), dict(ev("alloc", 2), frames=blas),
+              ev("alloc", 3), ev("free_requested", 2), ev("free_completed", 2)]
+    cats, _, _ = resolve_device(events, 0, [], [(0, "forward"), (4, "backward")])
+    # 2 was freed before backward (not a workspace torch keeps), 3 has no such frame
+    assert [CATEGORIES[c] for c in cats[:3]] == ["workspace", "temporary", "activation"]
 
 
 # On the simulated GPU: OUT holds what the bars are checked against.
@@ -213,6 +249,15 @@ def test_summary_without_a_table_has_no_categories_and_bad_tables_are_unknown(tm
     assert at_end["unknown"] == 360 and at_end["parameter"] == 50
 
 
+def test_tables_written_before_a_category_was_added_still_read():
+    from gpumem import category_report as cr
+    snap = _snapshot()
+    snap["gpumem_categories"]["categories"] = list(CATEGORIES[:-1])   # before 'workspace'
+    assert cr.has_table(snap)
+    snap["gpumem_categories"]["categories"] = ["activation"] + list(CATEGORIES[1:])
+    assert not cr.has_table(snap)
+
+
 # ------------------------------------------------------------ gpumem simulate
 
 SIM_SCRIPT = "import json, torch\n" + TRANSFORMER + '''
@@ -257,22 +302,23 @@ def test_simulate_reports_the_estimation_equation(tmp_path, categories):
 
 def test_a_failing_hook_does_not_stop_training(caplog):
     """The hooks run inside the user's step: an error of ours is logged once
-    and the tensor goes through (no torch needed: a stand-in tagger)."""
+    and the step goes on (no torch needed: a stand-in tagger)."""
     from gpumem import categories
 
     class Broken(categories._Tagger):
         def __init__(self):
             self.failed = False
+            self.phase = "forward"     # no phase change to note
+            self.arm_handle = None
 
-        def tag(self, t, role):
+        def tag_all(self, tensors, role):
             raise RuntimeError("boom")
 
     b = Broken()
-    x = object()
     with caplog.at_level("WARNING", logger="gpumem"):
-        assert b.pack(x) is x
-        assert b.pack(x) is x
-    assert [r.message for r in caplog.records if "pack hook failed" in r.message] != []
+        assert b.forward_start(object(), (object(),)) is None
+        assert b.forward_start(object(), (object(),)) is None
+    assert [r.message for r in caplog.records if "forward_start hook failed" in r.message] != []
     assert len(caplog.records) == 1
 
 
@@ -301,3 +347,110 @@ emit({{"inside": inside, "after": categories.enabled(),
     assert {"gradient", "optimizer_state", "activation"} <= set(r["names"])
     # live at the end, allocated before it: the parameters and the input keep their tags
     assert {"parameter", "input", "optimizer_state"} <= set(r["block_names"])
+
+
+def test_loop_without_optimizer_buffers_and_uninstall():
+    """No optimizer: gradients are tagged when backward returns; module
+    buffers (BatchNorm's statistics) count as parameters; turning categories
+    off restores torch's backward entry points and leaves no global hook."""
+    r = run_gm('''
+import gpumem.history as h
+from gpumem.analysis import build_device
+from gpumem import category_report as cr
+orig = (torch.autograd.backward, torch.autograd.grad)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64),
+                            torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+x = torch.randn(16, 32, device="cuda")
+# C++ frames: the workspaces are told apart by torch's cuBLAS handle pool in their stacks
+h.record_memory_history("all", stacks="all", categories=True, clear_history=True)
+wrapped = torch.autograd.backward is not orig[0] and torch.autograd.grad is not orig[1]
+for _ in range(3):
+    model(x).pow(2).mean().backward()      # gradients accumulate in place
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 1e-3 * p.grad
+snap = h.snapshot()
+h.record_memory_history(None)
+m = build_device(snap, 0)
+cats = cr.allocation_categories(snap, m)
+from torch.nn.modules import module as mm
+emit({"end": cr.breakdown(m, cats, m.n_events - 1), "peak": cr.breakdown(m, cats, m.peak_index),
+      "pb": sum(p.numel() * p.element_size() for p in model.parameters()),
+      "bb": sum(b.numel() * b.element_size() for b in model.buffers()),
+      "wrapped": wrapped,
+      "restored": (torch.autograd.backward, torch.autograd.grad) == orig,
+      "hooks_left": len(mm._global_forward_pre_hooks)})
+''')
+    assert r["wrapped"] and r["restored"] and r["hooks_left"] == 0
+    assert r["end"]["gradient"] == r["pb"]
+    assert r["end"]["parameter"] == r["pb"] + r["bb"]
+    assert r["peak"]["activation"] > 0 and r["end"]["activation"] == 0
+    assert r["end"]["input"] == 16 * 32 * 4
+    # cuBLAS's workspaces, made in the first forward and backward, kept by torch
+    assert r["end"]["workspace"] > 0 and r["end"]["workspace"] % (1 << 20) == 0
+    assert sum(r["end"].values()) - r["end"]["workspace"] == (
+        r["pb"] + r["bb"] + r["pb"] + r["end"]["input"] + r["end"]["unknown"])
+
+
+def test_a_few_python_calls_per_step():
+    """The cost design (Note [Categories at a few calls per step]): per step
+    one forward-start call, one backward entry and exit, one step pre and
+    post, however many modules run and tensors autograd saves; no global
+    module hook stays registered through the forward."""
+    r = run_gm('''
+import gpumem.history as h
+from gpumem import categories
+from torch.nn.modules import module as mm
+calls = {}
+def counted(name):
+    fn = getattr(categories._Tagger, name)
+    def f(*a, **k):
+        calls[name] = calls.get(name, 0) + 1
+        return fn(*a, **k)
+    return f
+for name in ("forward_start", "backward_start", "backward_end", "step_pre", "step_post"):
+    setattr(categories._Tagger, name, counted(name))
+model, opt = make_model()
+x = torch.randn(4, 8, 64, device="cuda")
+inner = []
+model[1].register_forward_pre_hook(lambda m, a: inner.append(len(mm._global_forward_pre_hooks)))
+h.record_memory_history("all", categories=True, clear_history=True)
+for _ in range(4):
+    train_step(model, opt, x)
+armed = len(mm._global_forward_pre_hooks)
+h.record_memory_history(None)
+emit({"calls": calls, "inner": inner, "armed": armed,
+      "modules": sum(1 for _ in model.modules())})
+''', prelude=TRANSFORMER)
+    assert r["modules"] > 10
+    assert r["calls"] == {"forward_start": 4, "backward_start": 4, "backward_end": 4,
+                          "step_pre": 4, "step_post": 4}, r["calls"]
+    assert r["inner"] == [0, 0, 0, 0] and r["armed"] == 1
+
+
+def test_torch_compile_traces_with_categories_on():
+    """No saved-tensors hooks and no per-module hooks: torch.compile captures
+    the model in one graph, without graph breaks, and the categories hold."""
+    r = run_gm('''
+import gpumem.history as h
+from gpumem import category_report as cr
+from gpumem.analysis import build_device
+import torch._dynamo as dyn
+model, opt = make_model()
+compiled = torch.compile(model, backend="aot_eager")
+x = torch.randn(8, 16, 64, device="cuda")
+h.record_memory_history("all", categories=True, clear_history=True)
+for _ in range(3):
+    train_step(compiled, opt, x)
+snap = h.snapshot()
+h.record_memory_history(None)
+m = build_device(snap, 0)
+cats = cr.allocation_categories(snap, m)
+emit({"end": cr.breakdown(m, cats, m.n_events - 1),
+      "pb": sum(p.numel() * p.element_size() for p in model.parameters()),
+      "graphs": dyn.utils.counters["stats"]["unique_graphs"],
+      "breaks": sum(dyn.utils.counters["graph_break"].values())})
+''', prelude=TRANSFORMER)
+    assert r["graphs"] == 1 and r["breaks"] == 0
+    assert r["end"]["parameter"] == r["pb"] and r["end"]["optimizer_state"] == 2 * r["pb"]

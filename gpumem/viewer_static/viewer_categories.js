@@ -15,7 +15,8 @@
   var DPR = window.devicePixelRatio || 1;
   var COLORS = { parameter: "#2f855a", optimizer_state: "#d69e2e", gradient: "#dd6b20",
                  activation: "#c53030", input: "#1d232b", temporary: "#9f7aea",
-                 autograd_detail: "#3182ce", unknown: "#b8c0cc" };
+                 autograd_detail: "#3182ce", unknown: "#b8c0cc",
+                 workspace: "#718096" };
   var section = $("categories-section"), canvas = $("categories-canvas");
   section.hidden = false;
   var S = TL.ev.length, K = C.names.length;
