@@ -204,7 +204,10 @@ def make(directory: Path) -> list[Hostile]:
     s.close()
     out.append(Hostile("socket", str(sock), 2, "is a socket", size=0))
     (d / "dir.pickle").mkdir()
-    out.append(Hostile("directory", str(d / "dir.pickle"), 2, "is a directory", size=0))
+    # summary reads a folder of per-rank snapshots; an empty one holds none
+    empty = (2, "holds no snapshots")
+    out.append(Hostile("directory", str(d / "dir.pickle"), 2, "is a directory", size=0,
+                       per_command={"summary": empty, "summary-json": empty}))
     os.symlink("fifo.pickle", d / "to-fifo.pickle")
     out.append(Hostile("symlink-to-fifo", str(d / "to-fifo.pickle"), 2, "is a FIFO", size=0))
     os.symlink("loop.pickle", d / "loop.pickle")
