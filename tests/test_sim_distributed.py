@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -414,8 +415,9 @@ EXAMPLE_ARGS = ["--layers", "2", "--dim", "128", "--heads", "4", "--seq", "32", 
 
 
 def example_rows(proc) -> list[dict]:
-    rows = [dict(kv.split("=") for kv in line.split()) for line in proc.stdout.splitlines()
-            if line.startswith("rank=")]
+    # ranks share the output, so one's line may end after another's text
+    rows = [dict(kv.split("=") for kv in m.group(0).split())
+            for m in re.finditer(r"rank=\d+(?: [a-z_]+=-?\d+)*", proc.stdout)]
     return sorted(({k: int(v) for k, v in r.items()} for r in rows), key=lambda r: r["rank"])
 
 

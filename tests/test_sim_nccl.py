@@ -356,8 +356,9 @@ def _torchrun(tmp_path, script, env=None):
     path = tmp_path / "script.py"
     path.write_text(textwrap.dedent(script))
     proc = _launch(tmp_path, [str(path)], env)
-    rows = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
-            if line.startswith("RESULT ")]
+    # two ranks share the output: one's line may end after the other's text
+    decode = json.JSONDecoder().raw_decode
+    rows = [decode(proc.stdout, m.end())[0] for m in re.finditer(r"RESULT ", proc.stdout)]
     assert sorted(r["rank"] for r in rows) == [0, 1], proc.stdout + proc.stderr[-3000:]
     return sorted(rows, key=lambda r: r["rank"])
 
