@@ -21,7 +21,14 @@ this machine"). Each rank reports its peak host RSS (VmHWM) and
 torch.cuda's memory figures, and checks them against the sharding
 arithmetic: FSDP2 gives each rank ceil(dim0 / N) rows of every parameter
 (padded), so its parameter bytes are sum(ceil(dim0 / N) * rest * 4), its
-gradients the same, and AdamW's exp_avg and exp_avg_sq twice that.
+gradients the same, and AdamW's exp_avg and exp_avg_sq twice that. In a
+one-step run of the default sizes the peak is the optimizer step, where
+the foreach AdamW holds sqrt(exp_avg_sq) for every shard at once: five
+times the shard bytes, plus the two cuBLAS workspaces (forward's thread and
+autograd's backward thread), plus the caching allocator's rounding (a block
+over 1 MiB keeps the rest of its segment when that rest is 1 MiB or less).
+Later steps, or activations several times the shard bytes, peak in backward,
+which this arithmetic does not cover.
 
 With --compare-layers L (default 2), the same step on a smaller model (L
 layers of --compare-dim 1024 on --compare-ranks 2) runs twice more, with
@@ -51,6 +58,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, HEADS, KV_HEADS = 128256, 32, 8
+# torch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG unset)
+CUBLAS_WORKSPACE = 32 << 20
 
 
 def ffn_dim(dim: int) -> int:
@@ -235,6 +244,12 @@ def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0,
         # shard is a multiple of 2 MiB or leaves more than 1 MiB)
         r["after_to_empty_minus_arithmetic"] = r["after_to_empty"] - expect
         r["after_step_minus_params_and_state"] = r[f"after_step{args.steps - 1}"] - 3 * expect
+        if args.steps == 1:
+            # params + grads + exp_avg + exp_avg_sq + AdamW's sqrt temporary,
+            # and the two workspaces; what is left is block rounding
+            arithmetic = 5 * expect + 2 * CUBLAS_WORKSPACE
+            r["peak_minus_arithmetic"] = r["peak_allocated"] - arithmetic
+            r["matches"]["peak"] = 0 <= r["peak_minus_arithmetic"] < 0.005 * arithmetic
     gib = 1 << 30
     return {
         "layers": layers, "ranks": ranks, "dim": dim, "no_host_memory": no_host,
@@ -242,6 +257,8 @@ def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0,
         "parameters": rows[0]["params"],
         "arithmetic": {"params_per_rank": expect, "grads_per_rank": expect,
                        "adamw_state_per_rank": 2 * expect,
+                       "peak_per_rank": (5 * expect + 2 * CUBLAS_WORKSPACE
+                                         if args.steps == 1 else None),
                        "sum_gib": round(4 * expect / gib, 3)},
         "all_match": all(all(r["matches"].values()) for r in rows),
         "host_rss_peak_gib": [round(r["host_rss_peak"] / gib, 3) for r in rows],
