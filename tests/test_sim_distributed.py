@@ -225,13 +225,17 @@ def test_memory_stats_per_rank_match_torchs_allocator(tmp_path_factory, how):
         assert t["points"] == g["points"]
         # the same bytes, counts and segments; where the old DDP bucket (above)
         # was dropped on one side only, byte keys may move by that bucket and
-        # counts by one
+        # counts by one. The drop can also come at a moment that moves the
+        # count's peak by one while every byte figure stays equal (seen once
+        # on a loaded machine), so counts always have that one.
+        moved = t["peak"] != g["peak"] or (t["stats"]["allocated_bytes.all.current"] !=
+                                           g["stats"]["allocated_bytes.all.current"])
         for k in STAT_KEYS:
             a, b = t["stats"][k], g["stats"][k]
-            slack = 0
-            if t["peak"] != g["peak"] or (t["stats"]["allocated_bytes.all.current"] !=
-                                          g["stats"]["allocated_bytes.all.current"]):
+            if moved:
                 slack = bucket if "bytes" in k else 1
+            else:
+                slack = 1 if k.startswith("allocation.") else 0
             assert abs(a - b) <= slack, (t["rank"], k, a, b)
 
 
