@@ -180,7 +180,7 @@ struct fc_device {
 };
 
 /* Device memory in use: allocations, physical VMM memory, and the memory an
- * active context holds (Note [Context memory] in fakecuda.c). */
+ * active context holds (Note [Context memory] in fakecuda_ctx.c). */
 static inline size_t fc_used(const fc_device_t *d)
 {
     return d->bytes_allocated + d->bytes_created + d->bytes_context;
@@ -381,8 +381,11 @@ CUresult fc_current_ctx_unlocked(struct CUctx_st **out);
 int fc_valid_device(int dev);
 void fc_note_usage_unlocked(int dev);
 uint64_t fc_new_id_unlocked(void);
-/* "80GiB", "512MiB", "2GB", "4096" -> bytes; 0 ok, -1 malformed. */
+/* fakecuda_config.c. "80GiB", "512MiB", "2GB", "4096" -> bytes; 0 ok, -1
+ * malformed. fc_load_config_unlocked reads every GPUMEM_FAKECUDA_* variable
+ * into fc (all or nothing: 0, or -1 after one line on stderr). */
 int fc_parse_size(const char *s, size_t *out);
+int fc_load_config_unlocked(void);
 /* fakecuda_gpu.c: the default model (H100 SXM5 80GB), and a GPUMEM_SIM_GPU
  * spec applied over it (0, or -1 with err set). */
 void fc_gpu_default(fc_gpu_t *g);

@@ -6,7 +6,7 @@
  * Invariants: a context's limits are ctx->limits[], where 0 means "never
  * set: the default" (every settable limit's valid values are > 0, or 0
  * means the same as the default); a primary-context reset restores the
- * defaults (fakecuda.c).
+ * defaults (fakecuda_ctx.c).
  * Must not: call an exported cu* function (the lock is not recursive).
  *
  * Defaults are the documented ones (CUDA Programming Guide: printf FIFO
