@@ -56,7 +56,7 @@ AUTO = "auto"
 
 # The fake driver (kept compatible with tests/fakecuda/build.py).
 DRIVER_SOURCES = ("fakecuda.c", "fakecuda_config.c", "fakecuda_ctx.c", "fakecuda_vec.c",
-                  "fakecuda_report.c", "fakecuda_mem.c", "fakecuda_sync.c",
+                  "fakecuda_report.c", "fakecuda_mem.c", "fakecuda_vmm.c", "fakecuda_sync.c",
                   "fakecuda_copy.c", "fakecuda_stubs.c", "fakecuda_gpu.c", "fakecuda_timeline.c",
                   "fakecuda_va.c", "fakecuda_event.c", "fakecuda_image.c", "fakecuda_ptx.c",
                   "fakecuda_module.c", "fakecuda_func.c", "fakecuda_limit.c", "fakecuda_launch.c",

@@ -4,11 +4,12 @@
  * and the devices.
  *
  * The configuration is in fakecuda_config.c, contexts in fakecuda_ctx.c,
- * the sorted vector every table uses in fakecuda_vec.c, memory (cuMemAlloc
- * and the VMM calls) in fakecuda_mem.c, streams in fakecuda_sync.c, events
- * in fakecuda_event.c, simulated time in fakecuda_timeline.c, error
- * strings, the JSON report and the other fakecuda_* control functions in
- * fakecuda_report.c. README.md documents the behaviour.
+ * the sorted vector every table uses in fakecuda_vec.c, memory in
+ * fakecuda_mem.c (cuMemAlloc) and fakecuda_vmm.c, streams in
+ * fakecuda_sync.c, events in fakecuda_event.c, simulated time in
+ * fakecuda_timeline.c, error strings, the JSON report and the other
+ * fakecuda_* control functions in fakecuda_report.c. README.md documents
+ * the behaviour.
  *
  * Invariants: fc is only touched with fc.mu held.
  *

@@ -394,8 +394,13 @@ int fc_parse_fail_spec(const char *spec, fc_fail_rule_t *rules, int *nrules, cha
                        size_t errlen);
 void fc_set_fail_unlocked(const fc_fail_rule_t *rules, int nrules, const char *spec);
 
-/* fakecuda_mem.c */
+/* fakecuda_mem.c. fc_mem_over_limit_unlocked: 1 if `size` more bytes would
+ * exceed dev's capacity or the GPUMEM_FAKECUDA_FAIL_ABOVE limit (the
+ * allocation is then OUT_OF_MEMORY); fc_mapping_prot: the mmap protection
+ * a VMM mapping's access flags give. */
 void fc_mem_reset_device_unlocked(int dev);
+int fc_mem_over_limit_unlocked(int dev, size_t size);
+int fc_mapping_prot(const fc_mapping_t *m);
 /* Is [p, p+n) device memory the device may read (write)? */
 int fc_accessible_unlocked(uint64_t p, size_t n, int write);
 /* If p lies in device memory (an allocation, or a VMM reservation), the
