@@ -163,7 +163,7 @@ typedef struct cudaLaunchConfig_st {
 #define cudaEventDisableTiming 0x02
 #define cudaEventInterprocess 0x04
 
-/* ---- device management, versions, errors (rt_device.c) ---- */
+/* ---- device management, errors (rt_device.c), versions (rt_version.c) ---- */
 cudaError_t CUDARTAPI cudaGetDeviceCount(int *count);
 cudaError_t CUDARTAPI cudaGetDevice(int *device);
 cudaError_t CUDARTAPI cudaSetDevice(int device);
@@ -192,7 +192,7 @@ const char *CUDARTAPI cudaGetErrorString(cudaError_t error);
 cudaError_t CUDARTAPI cudaGetDriverEntryPoint(const char *symbol, void **funcPtr, unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus);
 cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion, unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus);
 
-/* ---- memory (rt_memory.c) ---- */
+/* ---- memory (rt_memory.c, pinned host memory in rt_host.c) ---- */
 cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size);
 cudaError_t CUDARTAPI cudaFree(void *devPtr);
 cudaError_t CUDARTAPI cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream);

@@ -92,7 +92,10 @@ void *rt_symbol_address(const void *symbol, size_t *size);
 uint64_t rt_symbol_count(void);
 /* rt_launch.c: counters for the report. */
 void rt_launch_report(sim_sb_t *sb);
-/* rt_memory.c: host-allocation counters for the report. */
-void rt_memory_report(sim_sb_t *sb);
+/* rt_host.c: pinned host memory's counters for the report; whether p lies
+ * in pinned or registered host memory (1, with the device it was pinned
+ * on in *device) or not (0). */
+void rt_host_report(sim_sb_t *sb);
+int rt_host_device(const void *p, int *device);
 
 #endif /* GPUMEM_SIM_RT_INTERNAL_H */

@@ -53,7 +53,7 @@ SIM_API int gpumem_sim_cudart_report_json(char *buf, size_t len)
     sim_sb_printf(&sb, ", ");
     rt_launch_report(&sb);
     sim_sb_printf(&sb, ", ");
-    rt_memory_report(&sb);
+    rt_host_report(&sb);
     embed(&sb, "driver", fakecuda_report_json);
     embed(&sb, "cublas", (report_fn)dlsym(RTLD_DEFAULT, "gpumem_sim_cublas_report_json"));
     embed(&sb, "cublasLt", (report_fn)dlsym(RTLD_DEFAULT, "gpumem_sim_cublaslt_report_json"));
