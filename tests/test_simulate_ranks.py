@@ -273,7 +273,12 @@ def test_ddp_on_two_ranks_gives_a_row_and_a_snapshot_per_rank(tmp_path, capsys):
     assert sorted(proc.stdout.count(f"NOHOST 1 rank {r}") for r in (0, 1)) == [1, 1]
     rows = report["per_rank"]
     assert [(r["rank"], r["device"], r["fits"]) for r in rows] == [(0, 0, True), (1, 1, True)]
-    assert rows[0]["peak_allocated"] == rows[1]["peak_allocated"] > 0
+    # the same model on both ranks; torch's NCCL watchdog may drop DDP's one
+    # gradient bucket (every parameter, 512-byte block) later on one rank
+    # than on the other, at a moment of real time (tests/test_sim_nccl.py)
+    bucket = -(-4 * (128 * 128 + 128 + 128 * 16 + 16) // 512) * 512
+    top = max(r["peak_allocated"] for r in rows)
+    assert top > bucket and all(r["peak_allocated"] in (top, top - bucket) for r in rows), rows
     assert rows[0]["peak_reserved"] == rows[1]["peak_reserved"]
     assert report["fits"] is True and report["oom_order"] == []
     # The device peak holds the allocator's segments, the context and the
