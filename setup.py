@@ -125,11 +125,11 @@ def _extension():
 
 
 def _load_sim_build():
-    return _load_by_path("gpumem_sim_build", "csrc/sim/build.py")
+    return _load_by_path("gpumem_sim_build", "simgpu/build.py")
 
 
 class BuildWithSimulator(build_ext):
-    """build_ext, then the simulated GPU's fake CUDA libraries (csrc/sim),
+    """build_ext, then the simulated GPU's fake CUDA libraries (simgpu/),
     and (for wheels) the torch shim's sources; see run()."""
 
     def _ship_shim_sources(self, dest):
@@ -143,7 +143,7 @@ class BuildWithSimulator(build_ext):
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copyfile(os.path.join(HERE, rel), target)
 
-    """build_ext, then the simulated GPU's fake CUDA libraries (csrc/sim).
+    """build_ext, then the simulated GPU's fake CUDA libraries (simgpu/).
 
     They are separate shared libraries with NVIDIA's sonames, loaded only by
     gpumem.sim; they land in gpumem/_sim/ (in the source tree for editable

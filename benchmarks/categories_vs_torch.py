@@ -57,7 +57,7 @@ if model_name == "resnet50":
     def loss_of(out): return out.float().pow(2).mean()
 else:
     sys.path.insert(0, tests_dir)
-    from test_torch_common import TRANSFORMER   # make_model(): AdamW on a small encoder
+    from torch_helpers import TRANSFORMER   # make_model(): AdamW on a small encoder
     exec(TRANSFORMER)
     model, _opt = make_model(d_model=256, layers=4)
     x = torch.randn(32, 128, 256, device="cuda")

@@ -130,7 +130,7 @@ breakdown = {m: statistics.median(runs[m]) - statistics.median(off)
 categories = {}
 if which == "gpumem":
     sys.path.insert(0, tests_dir)
-    from test_torch_common import TRANSFORMER   # make_model(): 2 layers, d_model 64, AdamW
+    from torch_helpers import TRANSFORMER   # make_model(): 2 layers, d_model 64, AdamW
     exec(TRANSFORMER)
     model, opt = make_model()
     x = torch.randn(8, 16, 64, device="cuda")

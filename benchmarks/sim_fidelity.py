@@ -21,7 +21,7 @@ what a real GPU must allocate, computed here from the shapes and dtypes
                   N x C_out x H_out x W_out x 4 with
                   H_out = floor((H + 2p - d(k - 1) - 1) / s) + 1; cuDNN's
                   workspaces are listed apart (their sizes are the fake
-                  cuDNN's choice, csrc/sim/README.md)
+                  cuDNN's choice, simgpu/README.md)
   reduce_staging  x.sum() over 2**24 floats on each GPU model: torch's
                   reduction allocates its 4-byte result, a 4-byte staging
                   slot per block, with SMs x max threads per SM / 512 blocks

@@ -21,7 +21,7 @@ allocator:
                        (no-op) launches one steady-state step makes
 
 With --baseline LIBDIR the same step also runs on another build of the
-fakes (e.g. main's: build csrc/sim of that checkout with its build.py into
+fakes (e.g. main's: build simgpu/ of that checkout with its build.py into
 LIBDIR), in alternating processes (--repeats N of each); the result adds
 "baseline" and "ratio" (step_wall_s of this build / the baseline's,
 medians): the simulator's own cost per training step, measured in one run.
@@ -121,7 +121,7 @@ def run(steps: int, memory: str, events=None, lib_dir=None) -> dict:
                 os.environ.pop("GPUMEM_SIM_LIB_DIR", None)
             else:
                 os.environ["GPUMEM_SIM_LIB_DIR"] = saved
-    # PyTorch's exit race (csrc/sim/README.md, Limitations) can abort the
+    # PyTorch's exit race (simgpu/README.md, Limitations) can abort the
     # process after it printed its row; the row is complete, so it counts
     race = rc == -6 and "terminate called without an active exception" in err
     if rc != 0 and not (race and out.strip().startswith("{")):

@@ -9,8 +9,10 @@ A layer may include its own headers and those of the layers listed for it
 
     torch -> python -> history -> core -> device -> base
 
-csrc/sim (the simulated GPU's fake NVIDIA libraries) is a separate product
-that includes none of these layers and is never linked into gpumem._C.
+csrc/ holds exactly these layers (and this file and README.md; a test checks
+it). The simulated GPU's fake NVIDIA libraries are a second product in the
+top-level folder simgpu/: they include none of these layers and are never
+linked into gpumem._C.
 """
 
 import glob

@@ -9,7 +9,7 @@ figure the backend produced can be checked against one it did not.
 The library is the one the backend loads: $GPUMEM_LIBCUDA, else
 ``libcuda.so.1``.  Loading it twice gives the same library, so both paths
 see one driver state.  ``Driver.simulated`` is True for gpumem's fake driver
-(csrc/sim/driver, which exports ``fakecuda_*`` control functions that no
+(simgpu/driver, which exports ``fakecuda_*`` control functions that no
 NVIDIA driver has); ``sim_launcher()`` says whether gpumem.sim started this
 process.  ``probe()`` answers "is there a GPU here, and which" without
 raising; ``python -m gpumem._cudadriver`` prints it as JSON, so that a

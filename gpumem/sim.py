@@ -6,7 +6,7 @@
 The simulator is a set of fake NVIDIA libraries (a CUDA driver
 ``libcuda.so.1``, NVML ``libnvidia-ml.so.1``, runtime ``libcudart.so.13``,
 ``libcublas.so.13``, ``libcublasLt.so.13``, cuDNN ``libcudnn.so.9`` and NCCL ``libnccl.so.2``; sources and design in
-csrc/sim/README.md). "Device"
+simgpu/README.md). "Device"
 memory is host memory reserved with MAP_NORESERVE, so an 80 GiB device costs
 only what the program touches; kernels and GEMMs do nothing, copies and
 memsets really copy. Allocation, caching, streams, events, out-of-memory and
@@ -36,7 +36,7 @@ Options (also environment variables the fakes read, set by the launcher):
                     machine's memory (docs/simulation.md)
 
 Where the libraries come from: $GPUMEM_SIM_LIB_DIR if set; else, in a
-source checkout, build/sim/ (built on demand from csrc/sim with ``cc`` and
+source checkout, build/sim/ (built on demand from simgpu/ with ``cc`` and
 kept up to date); else gpumem/_sim/ (built by setup.py at install time).
 """
 
@@ -58,7 +58,7 @@ __all__ = ["SimError", "lib_dir", "libraries", "sim_env", "run_snippet", "main",
 CUDA_MAJOR = 13
 PKG_DIR = Path(__file__).resolve().parent
 SOURCE_ROOT = PKG_DIR.parent
-SIM_SOURCES = SOURCE_ROOT / "csrc" / "sim"
+SIM_SOURCES = SOURCE_ROOT / "simgpu"
 
 
 class SimError(RuntimeError):

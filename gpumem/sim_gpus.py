@@ -5,7 +5,7 @@ product pages and data sheets, and the CUDA programming guide's table of
 per-compute-capability limits for threads, blocks, registers and shared
 memory per SM).  They reach torch through the fake driver's
 cuDeviceGetAttribute / cuDeviceGetName (GPUMEM_SIM_GPU, parsed by
-csrc/sim/driver/fakecuda_gpu.c), so ``torch.cuda.get_device_properties()``
+simgpu/driver/fakecuda_gpu.c), so ``torch.cuda.get_device_properties()``
 and every size torch derives from them (the staging buffers of its
 reductions follow the SM count, cuBLAS's workspace the architecture) are
 those of the model.
@@ -26,7 +26,7 @@ allocation can have.  NVIDIA publishes no figure; it is estimated as
 default 1 KiB stack (cudaLimitStackSize) of every thread the GPU can hold
 at once (SMs x threads per SM), rounded up to 2 MiB: 514 MiB on an H100
 SXM, 466 MiB on an A100, 338 MiB on an L4.  Sources and rationale are in
-csrc/sim/driver/README.md ("Context memory"); GPUMEM_SIM_CONTEXT_MEMORY
+simgpu/driver/README.md ("Context memory"); GPUMEM_SIM_CONTEXT_MEMORY
 overrides it.
 """
 

@@ -9,7 +9,7 @@ import pytest
 
 from gpumem._categorize import CATEGORIES, block_categories, resolve_device
 
-from test_torch_common import TRANSFORMER, run_gm
+from torch_helpers import TRANSFORMER, run_gm
 
 C = CATEGORIES.index
 
@@ -278,7 +278,7 @@ with open("pb.json", "w") as f:
 def test_simulate_reports_the_estimation_equation(tmp_path, categories):
     import json
     from test_simulate import run_simulate
-    from test_torch_common import built_shim
+    from torch_helpers import built_shim
     built_shim()
     pb_file = tmp_path / "pb.json"
     proc = run_simulate(tmp_path, SIM_SCRIPT, *(["--categories"] if categories else []),

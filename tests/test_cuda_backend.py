@@ -1,5 +1,5 @@
 """gpumem's CUDA driver backend (csrc/device/cuda_backend.c and cuda_vmm.c)
-over the fake libcuda.so.1 (tests/fakecuda).
+over the fake libcuda.so.1 (tests/sim/fakecuda).
 
 Each scenario runs in its own subprocess: the fake reads its configuration
 (capacity, granularity, event mode, failure injection) once, at cuInit, and
@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "fakecuda"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "sim", "fakecuda"))
 
 from build import build_fakecuda  # noqa: E402
 

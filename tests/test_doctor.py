@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from test_sim_helpers import ROOT, needs_torch, sim_lib_dir
+from sim_helpers import ROOT, needs_torch, sim_lib_dir
 
 STEPS = ["allocate", "free", "split", "expandable", "cross-stream", "oom"]
 

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from test_sim_helpers import sim_lib_dir
-from test_torch_common import ROOT, _env, built_shim
+from sim_helpers import sim_lib_dir
+from torch_helpers import ROOT, _env, built_shim
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from test_sim_helpers import ROOT, needs_torch, sim_lib_dir
+from sim_helpers import ROOT, needs_torch, sim_lib_dir
 
 
 def no_driver_env() -> dict:

@@ -42,7 +42,7 @@ import pytest
 from gpumem._unpickle import load_snapshot
 
 from test_history_support import check_snapshot
-from test_torch_common import TRANSFORMER, run_gm, run_py
+from torch_helpers import TRANSFORMER, run_gm, run_py
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 

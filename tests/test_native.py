@@ -170,7 +170,7 @@ STRESS_RUNS_CUDA = {
 UNIT_ARGS = {"normal": [], "sanitize": [], "debug3": ["--skip=threads"]}
 
 _fcb_spec = importlib.util.spec_from_file_location(
-    "gpumem_tests_fakecuda_build", os.path.join(ROOT, "tests", "fakecuda", "build.py"))
+    "gpumem_tests_fakecuda_build", os.path.join(ROOT, "tests", "sim", "fakecuda", "build.py"))
 fakecuda_build = importlib.util.module_from_spec(_fcb_spec)
 _fcb_spec.loader.exec_module(fakecuda_build)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from test_torch_common import ROOT, _env, built_shim
+from torch_helpers import ROOT, _env, built_shim
 
 README = ROOT / "README.md"
 

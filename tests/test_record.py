@@ -1,6 +1,6 @@
 """gpumem.record() without torch: the recorder's rules on gpumem.Allocator objects.
 
-The pytest process never imports torch (see test_torch_common), so here
+The pytest process never imports torch (see torch_helpers), so here
 gpumem._torch.install is replaced by one that reports "no CUDA torch", which
 is the documented path where record() records gpumem.Allocator objects.
 Everything torch-specific (auto-install, torch's allocator already in use,

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from test_sim_helpers import sim_lib_dir
-from test_torch_common import built_shim, run_gm
+from sim_helpers import sim_lib_dir
+from torch_helpers import built_shim, run_gm
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 

@@ -19,8 +19,8 @@ import pytest
 from gpumem._unpickle import load_snapshot
 from gpumem.replay import build_ops, recorded_conf, replay_device
 
-from test_sim_helpers import sim_lib_dir
-from test_torch_common import ROOT, _env
+from sim_helpers import sim_lib_dir
+from torch_helpers import ROOT, _env
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from gpumem import _unpickle
-from test_sim_helpers import sim_lib_dir
-from test_torch_common import ROOT, _env, built_shim, run_py
+from sim_helpers import sim_lib_dir
+from torch_helpers import ROOT, _env, built_shim, run_py
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from gpumem import simulate
-from test_torch_common import _env, built_shim
+from torch_helpers import _env, built_shim
 
 
 GiB = 1 << 30

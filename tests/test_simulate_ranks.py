@@ -24,8 +24,8 @@ import pytest
 
 from gpumem import _launch, _rank_report, cli, simulate
 from gpumem._unpickle import load_snapshot
-from test_sim_helpers import needs_torch, sim_lib_dir
-from test_torch_common import _env, built_shim
+from sim_helpers import needs_torch, sim_lib_dir
+from torch_helpers import _env, built_shim
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -275,14 +275,14 @@ def test_ddp_on_two_ranks_gives_a_row_and_a_snapshot_per_rank(tmp_path, capsys):
     assert [(r["rank"], r["device"], r["fits"]) for r in rows] == [(0, 0, True), (1, 1, True)]
     # the same model on both ranks; torch's NCCL watchdog may drop DDP's one
     # gradient bucket (every parameter, 512-byte block) later on one rank
-    # than on the other, at a moment of real time (tests/test_sim_nccl.py)
+    # than on the other, at a moment of real time (tests/sim/test_nccl.py)
     bucket = -(-4 * (128 * 128 + 128 + 128 * 16 + 16) // 512) * 512
     top = max(r["peak_allocated"] for r in rows)
     assert top > bucket and all(r["peak_allocated"] in (top, top - bucket) for r in rows), rows
     assert rows[0]["peak_reserved"] == rows[1]["peak_reserved"]
     assert report["fits"] is True and report["oom_order"] == []
     # The device peak holds the allocator's segments, the context and the
-    # communicator's buffers (csrc/sim/README.md, "NCCL": 294 MiB for two ranks).
+    # communicator's buffers (simgpu/README.md, "NCCL": 294 MiB for two ranks).
     for r in rows:
         assert r["device_peak"] >= r["peak_reserved"] + report["context_memory"] + 294 * MiB
     table = proc.stdout[proc.stdout.index("per rank"):].splitlines()

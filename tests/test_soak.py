@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_torch_common import run_gm
+from torch_helpers import run_gm
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 

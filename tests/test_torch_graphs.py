@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_torch_common import run_gm
+from torch_helpers import run_gm
 from test_torch_pools import STATS, assert_same
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_torch_common import ROOT, TORCH_REASON, last_json, run_gm, run_py
+from torch_helpers import ROOT, TORCH_REASON, last_json, run_gm, run_py
 
 needs_torch = pytest.mark.skipif(TORCH_REASON is not None, reason=TORCH_REASON or "")
 

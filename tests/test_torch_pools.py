@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_torch_common import run_gm
+from torch_helpers import run_gm
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 
@@ -324,7 +324,7 @@ def test_snapshot_with_private_pools_replays_and_views(tmp_path):
     import sys
 
     from gpumem._unpickle import load_snapshot
-    from test_torch_common import ROOT
+    from torch_helpers import ROOT
 
     path = tmp_path / "pools.pickle"
     run_gm(f'''

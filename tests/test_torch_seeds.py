@@ -1,7 +1,7 @@
 """The example scripts of the articles users learn memory debugging from
 (../shared/seeds), run unchanged except for `gpumem.install()` at the top,
 on the simulated GPU. (The ResNet-50 script of seed 000 runs in
-tests/test_sim_cudnn.py, which covers the simulator's cuDNN; its recording
+tests/sim/test_cudnn.py, which covers the simulator's cuDNN; its recording
 calls are the ones seed 001 uses.)"""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from test_torch_common import run_gm, run_py
+from torch_helpers import run_gm, run_py
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 

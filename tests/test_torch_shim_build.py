@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from test_torch_common import built_shim, last_json, run_py
+from torch_helpers import built_shim, last_json, run_py
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 

@@ -9,7 +9,7 @@ import pickle
 
 import pytest
 
-from test_torch_common import TRANSFORMER, run_gm, run_py
+from torch_helpers import TRANSFORMER, run_gm, run_py
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 

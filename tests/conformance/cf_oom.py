@@ -154,7 +154,7 @@ def check_oom_event_in_history():
 
 
 # On the simulator's device timeline, torch.cuda._sleep keeps the stream
-# busy for its cycles at the GPU's clock (csrc/sim/driver, Note [Device
+# busy for its cycles at the GPU's clock (simgpu/driver, Note [Device
 # timeline]), so the event record_stream leaves is still pending.
 def check_reuse_waits_for_a_busy_stream():
     torch = torch_mod()

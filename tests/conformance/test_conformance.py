@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import runner  # noqa: E402  (tests/conformance)
-from test_torch_common import ROOT, _env, built_shim  # noqa: E402  (tests/)
+from torch_helpers import ROOT, _env, built_shim  # noqa: E402  (tests/)
 
 MODES = ("torch", "gpumem")
 COMPAT = ROOT / "docs" / "compatibility.md"

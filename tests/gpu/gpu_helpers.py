@@ -4,7 +4,7 @@ gpu_probe(): whether this process's CUDA driver reports a GPU, asked in a
     fresh process (gpumem._cudadriver's probe), once per session.
 child_env(): the environment of a child process that runs torch on the GPU
     with the allocator it chooses itself: the shim cache of the tests
-    (tests/test_torch_common.py), and none of the variables by which
+    (tests/torch_helpers.py), and none of the variables by which
     ``gpumem simulate`` would install gpumem and record in every process.
 run_torch(code, allocator): ``code`` in a child after PRELUDE, which imports
     torch and, for allocator "gpumem", calls gpumem.install(); the child
@@ -24,8 +24,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
-from test_sim_helpers import GPU_TORCH_REASON
-from test_torch_common import _env, built_shim, last_json
+from sim_helpers import GPU_TORCH_REASON
+from torch_helpers import _env, built_shim, last_json
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ import json
 import os
 
 from gpu_helpers import run_torch
-from test_torch_common import TRANSFORMER
+from torch_helpers import TRANSFORMER
 
 METRICS = ("empty_del_us", "train_step_ms", "peak_reserved_bytes", "recording_overhead_ms",
            "dump_s", "snapshot_bytes")
@@ -69,7 +69,7 @@ o["snapshot_bytes"] = os.path.getsize(sys.argv[2])
 torch.cuda.memory._record_memory_history(enabled=None)
 o["device"] = torch.cuda.get_device_name(0)
 emit(o)
-time.sleep(0.05)    # csrc/sim/README.md: torch's exit race after backward
+time.sleep(0.05)    # simgpu/README.md: torch's exit race after backward
 '''
 
 

@@ -1,6 +1,6 @@
 """PyTorch on the GPU, with its own caching allocator and with gpumem installed.
 
-The workloads of the simulator tests (tests/test_sim.py, test_torch_*.py):
+The workloads of the simulator tests (tests/sim/test_torch.py, test_torch_*.py):
 tensors, copies, statistics, empty_cache, out of memory, expandable
 segments, record_stream across a busy stream, a training loop whose peaks
 repeat, and a snapshot of it opened by torch.cuda._memory_viz.  Each runs in
@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from gpu_helpers import ROOT, child_env, run_torch, tolerance
-from test_torch_common import TRANSFORMER
+from torch_helpers import TRANSFORMER
 
 MiB = 1 << 20
 ALLOCATORS = ["torch", "gpumem"]
@@ -117,7 +117,7 @@ def test_training_peaks_repeat_and_the_snapshot_opens_in_memory_viz(gpu, allocat
               "trace_lines": len(memory_viz.trace(snap).splitlines()), "html": len(html),
               "train_step_seen": "train_step" in funcs,
               "gpumem": ALLOCATOR == "gpumem" and gpumem.is_installed()})
-        time.sleep(0.05)    # csrc/sim/README.md: torch's exit race after backward
+        time.sleep(0.05)    # simgpu/README.md: torch's exit race after backward
     ''', allocator, prelude=TRANSFORMER, args=(path,))
     peaks, reserved = o["peaks"], o["reserved"]
     assert peaks[1] == peaks[2] == peaks[3] > 0, peaks   # AdamW's state appears in step 1
