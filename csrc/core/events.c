@@ -176,7 +176,11 @@ static void event_done(gm_alloc_t *a, gm_event_item_t *it, uint32_t ctx) {
         gm_pool_return_unlocked(a, b, ctx);
 }
 
-int gm_events_poll_unlocked(gm_alloc_t *a, uint32_t ctx) {
+/* Hand back, per stream in FIFO order, every block whose events completed:
+ * wait=0 asks each event (gm_dev_event_query) and stops a stream at the
+ * first one still pending; wait=1 waits for each (gm_dev_event_synchronize)
+ * and so empties every queue. The one loop behind poll and sync_all. */
+static int drain(gm_alloc_t *a, uint32_t ctx, int wait) {
     int rc0 = a->events.n_deferred ? insert_deferred(a, ctx) : GM_OK;
     if (rc0)
         return rc0;
@@ -184,8 +188,9 @@ int gm_events_poll_unlocked(gm_alloc_t *a, uint32_t ctx) {
         gm_event_queue_t *q = &a->events.queues[i];
         while (q->len) {
             gm_event_item_t it = q->items[q->head];
-            int rc = gm_dev_event_query(a, it.event);
-            if (rc == GM_ENOTREADY)
+            int rc = wait ? gm_dev_event_synchronize(a, it.event)
+                          : gm_dev_event_query(a, it.event);
+            if (rc == GM_ENOTREADY && !wait)
                 break;
             if (rc)
                 return rc;
@@ -197,24 +202,11 @@ int gm_events_poll_unlocked(gm_alloc_t *a, uint32_t ctx) {
     return GM_OK;
 }
 
+int gm_events_poll_unlocked(gm_alloc_t *a, uint32_t ctx) { return drain(a, ctx, 0); }
+
 int gm_events_sync_all_unlocked(gm_alloc_t *a, uint32_t ctx) {
     gm_stats_sync_all_streams(a);
-    int rc0 = a->events.n_deferred ? insert_deferred(a, ctx) : GM_OK;
-    if (rc0)
-        return rc0;
-    for (size_t i = 0; i < a->events.n_queues; i++) {
-        gm_event_queue_t *q = &a->events.queues[i];
-        while (q->len) {
-            gm_event_item_t it = q->items[q->head];
-            int rc = gm_dev_event_synchronize(a, it.event);
-            if (rc)
-                return rc;
-            q->head = (q->head + 1) % q->cap;
-            q->len--;
-            event_done(a, &it, ctx);
-        }
-    }
-    return GM_OK;
+    return drain(a, ctx, 1);
 }
 
 void gm_events_destroy_unlocked(gm_alloc_t *a) {
