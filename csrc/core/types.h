@@ -34,7 +34,8 @@ struct gm_expseg;
 struct gm_private_pool;
 
 /* What a segment knows about itself; held by its first block and handed on
- * when another block becomes first (block.c). */
+ * when another block becomes first (gm_block_link_before, gm_block_unlink in
+ * block.h). */
 typedef struct gm_seg_facts {
     uint32_t ctx;     /* context of the malloc that created the segment */
     uint8_t oversize; /* plain segment of max_split_size or more when created */
@@ -141,7 +142,7 @@ struct gm_alloc {
 
     gm_expseg_t *expsegs;
     gm_events_t events;
-    gm_block_t *free_structs; /* recycled gm_block_t (block.c) */
+    gm_block_t *free_structs; /* recycled gm_block_t (gm_block_new_unlocked, block.h) */
 
     gm_trace_fn trace_fn;
     void *trace_arg;
