@@ -11,7 +11,8 @@ memory_viz opens (gpumem.history); ``with gpumem.record(path):`` wraps a
 block of a training script and writes a snapshot when it ends or when an
 allocation fails with out of memory (gpumem.record).
 
-`Allocator` runs the core on a simulated device (or the CUDA driver) without
+`Allocator` runs the core on a virtual device (`backend="virtual"`, an address
+space without memory; or `backend="cuda"`, the CUDA driver) without
 torch; the `gpumem` command views, summarises, diffs and replays snapshots
 and runs scripts on a simulated GPU (gpumem.cli).  `doctor()` (``gpumem
 doctor``) checks a machine: driver, GPUs, torch, the shim, settings, and a

@@ -443,7 +443,7 @@ def _run_diff(args: argparse.Namespace) -> int:
 # name -> (one-line help, add_arguments(parser), run(args) -> exit status)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {
-    "replay": ("replay a snapshot's allocation trace through gpumem on the simulated device",
+    "replay": ("replay a snapshot's allocation trace through gpumem on the virtual device",
                _add_replay_args, _run_replay),
     "view": ("write a self-contained HTML page (timeline, segments, top allocation sites) that "
              "works offline", _add_view_args, _run_view),

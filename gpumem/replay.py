@@ -2,7 +2,7 @@
 
 For each device with a trace, build_ops() turns the trace into a flat list of
 allocs and frees, and replay_snapshot() runs that list through the allocator
-core on the simulated device (``gpumem._C.replay``) to measure how much
+core on the virtual device (``gpumem._C.replay``) to measure how much
 memory gpumem would have reserved for the same program, beside what torch
 reserved.
 
@@ -46,7 +46,7 @@ Limitations: a partial release (garbage collection, or the release of
   free bytes.
 * A request larger than any allocator serves (gpumem._C.MAX_REQUEST, 2**62
   bytes) cannot be in a trace torch wrote: the file is refused as corrupt
-  (SnapshotError).  The simulated device is at most MAX_CAPACITY.
+  (SnapshotError).  The virtual device is at most MAX_CAPACITY.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ __all__ = ["ReplayError", "DeviceOps", "build_ops", "replay_device", "replay_sna
 
 GiB = 1 << 30
 DEFAULT_CAPACITY = 80 * GiB
-#: The simulated device is never larger than this (8 TiB; its address
+#: The virtual device is never larger than this (8 TiB; its address
 #: window is 16 TiB, with room for expandable reservations): a trace whose
 #: peak is beyond it is replayed on it, and its largest requests fail.
 MAX_CAPACITY = 1 << 43
@@ -374,7 +374,7 @@ def replay_snapshot(snapshot: dict, conf: dict | str | None = None, *,
 
     ``conf`` is a settings dict from parse_conf (or a settings string); the
     default is the settings the snapshot was recorded with (recorded_conf).
-    ``capacity`` is the simulated device size in bytes (default: the trace's,
+    ``capacity`` is the virtual device size in bytes (default: the trace's,
     from its 'oom' entries, else 80 GiB, or 4x the trace's peak if larger).
     """
     snap = normalize_snapshot(snapshot, file or "snapshot")

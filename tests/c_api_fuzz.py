@@ -161,7 +161,7 @@ def fuzz_history(rng, a):
 # ----------------------------------------------------------- the Allocator
 
 CTOR_KW = ["capacity", "granularity", "mode", "settings", "device", "num_devices",
-           "record_trace", "backend", "libcuda", "device_backend"]
+           "backend", "libcuda", "device_backend"]
 
 
 def fuzz_constructor(rng):
@@ -281,26 +281,27 @@ def fuzz_methods(rng, a, dev=None):
         call(a.process_events)
     call(a.empty_cache)
     check(a, "methods")
-    a.take_trace()
 
 
 def fuzz_device_backend(rng, testext):
-    for v in BAD + [testext.SimDevice(capacity=64 * MiB).gm_backend]:
+    for v in BAD + [testext.VirtualDevice(capacity=64 * MiB).gm_backend]:
         call(C.Allocator, device_backend=v)
-    dev = testext.SimDevice(capacity=1 << 30, event_mode="never")
+    dev = testext.VirtualDevice(capacity=1 << 30, event_mode="never")
     for kw in ("capacity", "backend", "mode", "libcuda"):
         call(C.Allocator, device_backend=dev, **{kw: "virtual"})
     for device in (-1, 0, 63, 64, 2**31 - 1):
         a = call(C.Allocator, device_backend=dev, device=device)
         if a is not None:
             exercise(a, f"device_backend, device={device}")
-    a = C.Allocator(device_backend=dev, record_trace=True)
+    a = C.Allocator(device_backend=dev)
+    rec = testext.TraceRecorder(a)
     fuzz_methods(rng, a, dev)
+    rec.take()
     fns = ("seg_alloc", "seg_free", "event_create", "event_record", "event_query", "map",
            "unmap", "va_reserve")
     for fn, code, exp in itertools.product(fns, (1, 7, -5, -10, -100, 2**31 - 1, -2**31),
                                            (False, True)):
-        d = testext.SimDevice(capacity=256 * MiB, event_mode="after_n", event_after_n=1)
+        d = testext.VirtualDevice(capacity=256 * MiB, event_mode="after_n", event_after_n=1)
         b = C.Allocator(device_backend=d, settings={"expandable_segments": exp})
         for nth in (1, 2, 3):
             d.set_failure(fn, nth=nth, code=code)
@@ -346,7 +347,7 @@ def main(argv):
     a = C.Allocator(capacity=1 << 30)
     fuzz_history(rng, a)
     fuzz_methods(rng, a)
-    a2 = C.Allocator(capacity=1 << 30, settings={"expandable_segments": True}, record_trace=True)
+    a2 = C.Allocator(capacity=1 << 30, settings={"expandable_segments": True})
     fuzz_methods(rng, a2)
     if testext is not None:
         fuzz_device_backend(rng, testext)

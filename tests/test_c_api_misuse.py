@@ -75,7 +75,7 @@ def test_backend_returning_an_unknown_code(fn):
         seen = set()
         for code in (1, 7, 2**31 - 1, -100):
             for exp in (False, True):
-                dev = testext.SimDevice(capacity=256 << 20, event_mode="after_n",
+                dev = testext.VirtualDevice(capacity=256 << 20, event_mode="after_n",
                                         event_after_n=1)
                 a = gpumem._C.Allocator(device_backend=dev,
                                         settings={{"expandable_segments": exp}})

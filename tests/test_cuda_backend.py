@@ -249,7 +249,7 @@ def test_missing_driver_names_library_and_simulated_device(tmp_path):
          "from gpumem import _C\ntry:\n _C.Allocator(backend='cuda')\n"
          "except RuntimeError as e:\n print(e)"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
-    assert "libcuda.so.1" in proc.stdout and "simulated device is still available" in proc.stdout
+    assert "libcuda.so.1" in proc.stdout and "virtual device is still available" in proc.stdout
 
 
 # Calls made while creating an allocator: loading the driver, then asking

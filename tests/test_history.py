@@ -1,8 +1,8 @@
 """Memory history: configuration, which stack goes on which event, the ring,
 frames and their sharing, metadata, and what recording costs.
 
-Everything drives gpumem._C.Allocator on the simulated device directly
-(with tests/ext's SimDevice where a test controls the device).
+Everything drives gpumem._C.Allocator on the virtual device directly
+(with tests/ext's VirtualDevice where a test controls the device).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def oom_site(a, size):
 
 def _scenario(context):
     """One of every event; returns (snapshot, live block addresses)."""
-    dev = testext.SimDevice(capacity=64 * MiB)
+    dev = testext.VirtualDevice(capacity=64 * MiB)
     a = _C.Allocator(device_backend=dev)
     history.record_memory_history("all", context=context)
     p = alloc_site(a, 1000)              # segment_alloc S1 + alloc

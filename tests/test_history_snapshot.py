@@ -228,7 +228,7 @@ def test_crash_mid_dump_never_leaves_a_truncated_file(tmp_path, first_ok):
 @pytest.mark.parametrize("expandable", [False, True], ids=["plain", "expandable"])
 @pytest.mark.parametrize("max_entries", [100_000, 37], ids=["full", "bounded"])
 def test_random_workload_snapshots_are_consistent(expandable, max_entries):
-    dev = testext.SimDevice(capacity=256 * MiB, event_mode="after_n", event_after_n=3)
+    dev = testext.VirtualDevice(capacity=256 * MiB, event_mode="after_n", event_after_n=3)
     a = _C.Allocator(device_backend=dev, settings={"expandable_segments": expandable})
     history.record_memory_history(max_entries=max_entries)
     rng = random.Random(7 if expandable else 8)
@@ -247,7 +247,7 @@ def test_random_workload_snapshots_are_consistent(expandable, max_entries):
 
 
 def test_pending_frees_show_as_active_pending_free():
-    a = _C.Allocator(device_backend=testext.SimDevice(event_mode="never"))
+    a = _C.Allocator(device_backend=testext.VirtualDevice(event_mode="never"))
     history.record_memory_history()
     p = a.malloc(5000)
     a.record_stream(p, 3)
@@ -290,7 +290,8 @@ def test_several_devices_get_one_trace_list_each():
 def test_newest_allocator_on_a_device_is_the_recorded_one():
     gc.collect()  # allocators earlier tests left in reference cycles are live until then
     history.record_memory_history()
-    a1 = _C.Allocator(record_trace=True)
+    a1 = _C.Allocator()
+    rec = testext.TraceRecorder(a1)  # the tests' trace hook, chained behind history
     a1.malloc(1000)
     a2 = _C.Allocator()
     assert history.snapshot()["device_traces"][0] == []  # a1's history went with it
@@ -299,8 +300,8 @@ def test_newest_allocator_on_a_device_is_the_recorded_one():
     snap = history.snapshot()
     assert [e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc"] == [3000]
     assert {b["address"] for s in snap["segments"] for b in s["blocks"]} >= {q}
-    # record_trace keeps working alongside history
-    assert [e["size"] for e in a1.take_trace() if e["action"] == "alloc"] == [1000, 2000]
+    # the recorder keeps working alongside history
+    assert [e["size"] for e in rec.take() if e["action"] == "alloc"] == [1000, 2000]
     del a2
     # a1 is live, so it is recorded again (issue 16.12: deleting the newest
     # allocator on a device stopped recording for an older live one)
@@ -311,7 +312,7 @@ def test_newest_allocator_on_a_device_is_the_recorded_one():
     snap = history.snapshot()
     assert [(e["action"], e["addr"], e["size"]) for e in snap["device_traces"][0]
             if e["action"] == "alloc"] == [("alloc", p, 4000)]
-    del a1
+    del rec, a1
     snap = history.snapshot()
     assert [s for s in snap["segments"] if s["device"] == 0] == []
     assert snap["device_traces"][:1] in ([], [[]])
@@ -355,7 +356,7 @@ def test_settings_appear_in_allocator_settings():
 # ------------------------------------------------------------ concurrency
 
 def test_threads_allocating_while_snapshotting_stay_consistent():
-    a = _C.Allocator(device_backend=testext.SimDevice(capacity=64 * GiB, event_mode="after_n",
+    a = _C.Allocator(device_backend=testext.VirtualDevice(capacity=64 * GiB, event_mode="after_n",
                                                       event_after_n=2))
     history.record_memory_history(max_entries=3000)
     errors, stop = [], threading.Event()
@@ -430,7 +431,7 @@ def test_capture_after_releasing_the_gil_takes_it_back():
 # ------------------------------------------------------------ torch's tools
 
 def _demo_snapshot(tmp_path):
-    a = _C.Allocator(device_backend=testext.SimDevice(capacity=1 * GiB, event_mode="after_n",
+    a = _C.Allocator(device_backend=testext.VirtualDevice(capacity=1 * GiB, event_mode="after_n",
                                                       event_after_n=2))
     history.record_memory_history()
 

@@ -6,12 +6,18 @@ of gpumem's; core/ and history/ include neither <cuda.h> nor <Python.h>.
 Inside core/ each concept has its own header, and the graph of which file
 includes which concept's header must have no cycle: a .c file includes only
 the headers of what it calls, so this is the core's call graph, and it runs
-one way. And no .c, .cpp or .h file of any of these layers is over 500
+one way. The same holds for the files of every layer of the extension, read
+from the objects' defined and undefined symbols (nm). And no .c, .cpp or .h file of any of these layers is over 500
 lines: one that grows past that holds more than one concept and is split.
 """
 
+import concurrent.futures
 import os
 import re
+import shlex
+import shutil
+import subprocess
+import sysconfig
 
 import pytest
 
@@ -168,3 +174,90 @@ def test_size_check_covers_every_layer(tmp_path, monkeypatch):
     monkeypatch.setattr(layers, "HERE", str(fake))
     monkeypatch.setitem(globals(), "CSRC", str(fake))
     assert oversized_files() == [("device/big.h", MAX_LINES + 1), ("torch/big.cpp", MAX_LINES + 7)]
+
+
+# ------------------------------------------------ file-level call graph (nm)
+
+CC = shlex.split(os.environ.get("CC", "cc"))
+NM = shutil.which("nm")
+needs_nm = pytest.mark.skipif(shutil.which(CC[0]) is None or NM is None,
+                              reason="needs a C compiler and nm")
+
+
+def _compile_objects(paths, out_dir):
+    """path -> object file, each .c compiled alone (-O0: only its symbols matter)."""
+    flags = ["-c", "-std=c11", "-O0", "-Werror=implicit-function-declaration", "-D_GNU_SOURCE",
+             "-I", CSRC,
+             "-I", sysconfig.get_paths()["include"]]
+
+    def one(path):
+        rel = os.path.relpath(path, CSRC).replace(os.sep, "__")
+        obj = os.path.join(out_dir, rel + ".o")
+        proc = subprocess.run(CC + flags + [path, "-o", obj], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{path} does not compile:\n{proc.stderr[-2000:]}"
+        return path, obj
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return dict(pool.map(one, paths))
+
+
+def _symbols(obj):
+    """(defined, undefined) global symbol names of one object file."""
+    out = subprocess.run([NM, obj], capture_output=True, text=True, check=True).stdout
+    defined, undefined = set(), set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "U":
+            undefined.add(parts[1])
+        elif len(parts) == 3 and parts[1] in "TDBRCVW":
+            defined.add(parts[2])
+    return defined, undefined
+
+
+def call_graph(objects):
+    """file -> the files (of the same set) whose global symbols it uses."""
+    syms = {path: _symbols(obj) for path, obj in objects.items()}
+    owner = {name: path for path, (defined, _) in syms.items() for name in defined}
+    return {path: {owner[name] for name in undefined if name in owner and owner[name] != path}
+            for path, (_, undefined) in syms.items()}
+
+
+@pytest.fixture(scope="module")
+def extension_objects(tmp_path_factory):
+    paths = [p for layer in layers.EXTENSION_LAYERS for p in _files(layer) if p.endswith(".c")]
+    return _compile_objects(paths, str(tmp_path_factory.mktemp("layer_objects")))
+
+
+@needs_nm
+@pytest.mark.parametrize("layer", layers.EXTENSION_LAYERS)
+def test_files_of_a_layer_call_one_way(layer, extension_objects):
+    """Inside each layer the files call each other one way: helpers two files
+    share live in a third file below both, never in one of the two (so no
+    pair like cuda_backend.c <-> cuda_vmm.c calls in both directions)."""
+    objs = {p: o for p, o in extension_objects.items() if _layer_of(p) == layer}
+    cycle = find_cycle(call_graph(objs))
+    assert cycle is None, (f"{layer}/ files call each other in a circle: "
+                           + " -> ".join(os.path.basename(p) for p in cycle))
+
+
+@needs_nm
+def test_call_graph_check_finds_a_pair_calling_each_other(tmp_path):
+    """The nm check can fail: two files that call each other are a cycle, and
+    a third file both call is not."""
+    src = {"a.c": "int b(void); int c(void); int a(void) { return b() + c(); }\n",
+           "b.c": "int a(void); int c(void); int b(void) { return a() + c(); }\n",
+           "c.c": "int c(void) { return 1; }\n"}
+    for name, text in src.items():
+        (tmp_path / name).write_text(text)
+    objs = _compile_objects([str(tmp_path / n) for n in src], str(tmp_path))
+    graph = {os.path.basename(p): {os.path.basename(d) for d in deps}
+             for p, deps in call_graph(objs).items()}
+    assert graph == {"a.c": {"b.c", "c.c"}, "b.c": {"a.c", "c.c"}, "c.c": set()}
+    assert find_cycle(graph) == ["a.c", "b.c", "a.c"]
+
+
+def test_csrc_holds_exactly_the_layers():
+    """csrc/ is the allocator's native code and nothing else: the layers
+    layers.py names, layers.py and README.md (the simulated GPU is simgpu/)."""
+    entries = {e for e in os.listdir(CSRC) if e != "__pycache__"}
+    assert entries == set(layers.LAYERS) | {"layers.py", "README.md"}

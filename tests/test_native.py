@@ -8,9 +8,9 @@ Four builds, each into tests/c/build/<build>/ (git-ignored):
             the threaded unit tests (TSAN_TESTS), on both backends
 The first three run the unit tests and the stress test in several modes, on two
 backends (tests/c/testdev.h):
-  sim   the simulated device (csrc/device/sim.c, sim_memory.c)
+  virtual  the virtual device (csrc/device/vdev*.c)
   cuda  the CUDA driver backend (csrc/device/cuda_backend.c, cuda_vmm.c) over
-        the fake libcuda.so.1 of csrc/sim/driver, built per build into
+        the fake libcuda.so.1 of simgpu/driver, built per build into
         tests/c/build/fakecuda-<build>/ (with the same sanitizer flags for
         the sanitize build) and passed as GPUMEM_LIBCUDA
 and the unit tests once with expandable segments off and once on
@@ -83,7 +83,7 @@ SAN_ENV = {
 }
 CLOSING_LINE = re.compile(r"^(\d+) passed, (\d+) failed$", re.M)
 RUN_TIMEOUT = 900
-BACKENDS = ("sim", "cuda")
+BACKENDS = ("virtual", "cuda")
 MODES = {"plain": [], "expandable": ["--expandable"]}
 
 # Unit tests that cannot apply to a (backend, mode), with the reason the
@@ -296,7 +296,7 @@ def run_checked(build_name, argv, min_passed=1, env=None):
 
 # The fast tier runs the unit tests once on each backend and one stress run;
 # the sanitizer and GM_DEBUG=3 builds and the other modes are marked slow.
-FAST_UNIT = {("normal", "sim", "plain"), ("normal", "cuda", "expandable")}
+FAST_UNIT = {("normal", "virtual", "plain"), ("normal", "cuda", "expandable")}
 FAST_STRESS = {"normal-segments"}
 
 
@@ -328,7 +328,7 @@ def test_c_unit(build_name, backend, mode):
 @needs_cc
 @pytest.mark.parametrize(
     "build_name,backend,args,min_passed",
-    [pytest.param(b, "sim", args, n, id="%s-%s" % (b, rid),
+    [pytest.param(b, "virtual", args, n, id="%s-%s" % (b, rid),
                   marks=_speed("%s-%s" % (b, rid) in FAST_STRESS))
      for b in MATRIX_BUILDS for rid, args, n in STRESS_RUNS[b]]
     + [pytest.param(b, "cuda", args, n, id="%s-cuda-%s" % (b, rid), marks=pytest.mark.slow)
@@ -371,7 +371,7 @@ SMOKE = textwrap.dedent(
         ptrs = [a.malloc(n) for n in (1, 1000, 1 << 20, 5 << 20, 30 << 20)]
         for p in ptrs[::2]:
             a.free(p)
-        for name in ("stats", "segments", "check", "take_trace"):
+        for name in ("stats", "segments", "check"):
             if hasattr(a, name):
                 getattr(a, name)()
         for p in ptrs[1::2]:
@@ -388,8 +388,9 @@ SMOKE = textwrap.dedent(
         loader = importlib.machinery.ExtensionFileLoader("_testext", so)
         t = importlib.util.module_from_spec(
             importlib.util.spec_from_file_location("_testext", so, loader=loader))
-        dev = t.SimDevice(capacity=1 << 30, event_mode="never")
-        a = C.Allocator(device_backend=dev, record_trace=True)
+        dev = t.VirtualDevice(capacity=1 << 30, event_mode="never")
+        a = C.Allocator(device_backend=dev)
+        rec = t.TraceRecorder(a)
         p = a.malloc(5000)
         a.record_stream(p, 3)
         a.free(p)
@@ -409,12 +410,12 @@ SMOKE = textwrap.dedent(
         t.hist_capture_in_c_thread(1)
         t.hist_capture_without_gil(1)
         t.hist_walk_only(3)
-        a.take_trace()
+        rec.take()
         print("check:", a.check())
         del dev  # the Allocator keeps it alive
         a.free(a.malloc(3 << 20))
         a.empty_cache()
-        del a
+        del rec, a
         print("TESTEXT OK")
     print("SMOKE OK")
     """

@@ -4,7 +4,7 @@ gpumem._C.
 
 Covered here: the names that must not come back into gpumem._C; the build
 (no warnings, cached on its digest, rebuilt when a source or a flag
-changes, safe when two processes build at once); SimDevice driving
+changes, safe when two processes build at once); VirtualDevice driving
 gpumem._C.Allocator through device_backend= (failure injection, counters,
 event modes, lifetime); bench_pairs. The hist_* helpers are exercised by
 tests/test_history*.py.
@@ -54,11 +54,11 @@ def test_the_build_never_compiles_tests_ext():
 
 
 def test_testext_has_the_entry_points():
-    for name in ("SimDevice", "bench_pairs", "hist_c_thread_alloc", "hist_capture_in_c_thread",
+    for name in ("VirtualDevice", "bench_pairs", "hist_c_thread_alloc", "hist_capture_in_c_thread",
                  "hist_capture_without_gil", "hist_walk_only"):
         assert callable(getattr(testext, name)), name
     for name in ("set_failure", "counters", "complete_events", "set_event_mode"):
-        assert callable(getattr(testext.SimDevice, name)), name
+        assert callable(getattr(testext.VirtualDevice, name)), name
 
 
 # ------------------------------------------------------------------ the build
@@ -99,7 +99,7 @@ def test_two_processes_building_at_once(tmp_path):
         b = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(b)
         mod = b.import_from(b.build(sys.argv[2]))
-        dev = mod.SimDevice()
+        dev = mod.VirtualDevice()
         print(mod.__file__)
     """)
     argv = [sys.executable, "-c", script, str(build.HERE / "build.py"), str(out)]
@@ -114,12 +114,12 @@ def test_two_processes_building_at_once(tmp_path):
     assert sorted(os.listdir(out)) == [name, name + ".log"]
 
 
-# ----------------------------------------------- SimDevice and device_backend
+# ----------------------------------------------- VirtualDevice and device_backend
 
-def test_allocator_on_a_sim_device_counts_device_calls():
-    dev = testext.SimDevice(capacity=64 * MiB)
+def test_allocator_on_a_virtual_device_counts_device_calls():
+    dev = testext.VirtualDevice(capacity=64 * MiB)
     a = _C.Allocator(device_backend=dev)
-    assert a.backend() == "sim"
+    assert a.backend() == "virtual"
     p = a.malloc(1000)
     c = dev.counters()
     assert c["calls"]["seg_alloc"] == 1 and c["live_segments"] == 1
@@ -132,7 +132,7 @@ def test_allocator_on_a_sim_device_counts_device_calls():
 
 
 def test_failure_injection():
-    dev = testext.SimDevice(capacity=1024 * MiB)
+    dev = testext.VirtualDevice(capacity=1024 * MiB)
     a = _C.Allocator(device_backend=dev)
     dev.set_failure(fail_above=4 * MiB)
     a.free(a.malloc(1000))  # a 2 MiB segment
@@ -152,7 +152,7 @@ def test_failure_injection():
 
 
 def test_event_modes():
-    dev = testext.SimDevice(event_mode="never")
+    dev = testext.VirtualDevice(event_mode="never")
     a = _C.Allocator(device_backend=dev)
     p = a.malloc(5000)
     a.record_stream(p, 3)
@@ -177,7 +177,7 @@ def test_event_modes():
 
 
 def test_allocator_keeps_its_device_alive():
-    dev = testext.SimDevice(capacity=64 * MiB)
+    dev = testext.VirtualDevice(capacity=64 * MiB)
     before = sys.getrefcount(dev)
     a = _C.Allocator(device_backend=dev)
     assert sys.getrefcount(dev) == before + 1
@@ -185,7 +185,7 @@ def test_allocator_keeps_its_device_alive():
     gc.collect()
     assert sys.getrefcount(dev) == before
     # The only reference to the device is the Allocator's.
-    a = _C.Allocator(device_backend=testext.SimDevice(capacity=64 * MiB))
+    a = _C.Allocator(device_backend=testext.VirtualDevice(capacity=64 * MiB))
     gc.collect()
     for _ in range(3):
         a.free(a.malloc(3 * MiB))
@@ -202,7 +202,7 @@ def test_device_backend_is_checked():
 
     with pytest.raises(TypeError, match="'gpumem.backend' capsule"):
         _C.Allocator(device_backend=WrongCapsule())
-    dev = testext.SimDevice()
+    dev = testext.VirtualDevice()
     for kw in ({"capacity": MiB}, {"backend": "cuda"}, {"num_devices": 2}):
         with pytest.raises(TypeError, match="does not apply with device_backend="):
             _C.Allocator(device_backend=dev, **kw)
@@ -212,11 +212,45 @@ def test_device_backend_is_checked():
     assert a.expandable_active()
 
 
-def test_sim_device_configuration_is_checked():
-    with pytest.raises(ValueError, match="bad simulated device configuration"):
-        testext.SimDevice(granularity=3 * MiB)
+def test_allocator_backend_is_virtual_and_sim_still_works():
+    """backend="virtual" names the Allocator's own device (an address space
+    without memory); "sim", its name before the word came to mean the
+    simulated GPU, is still accepted for existing code."""
+    for kw in ({}, {"backend": "virtual"}, {"backend": "sim"}):
+        a = _C.Allocator(capacity=64 * MiB, **kw)
+        assert a.backend() == "virtual", kw
+        a.free(a.malloc(1000))
+        assert a.stats()["reserved_bytes.all.current"] == 2 * MiB, kw
+    with pytest.raises(ValueError, match="backend must be 'virtual' or 'cuda'"):
+        _C.Allocator(backend="simgpu")
+
+
+def test_trace_recorder_is_in_the_test_extension_not_the_shipped_module():
+    """record_trace/take_trace served only tests; the event buffer is now
+    testext.TraceRecorder, chained behind memory history, and gpumem._C has
+    neither name."""
+    a = _C.Allocator(capacity=64 * MiB)
+    for obj in (_C, a, _C.Allocator):
+        assert not hasattr(obj, "take_trace") and not hasattr(obj, "record_trace"), obj
+    with pytest.raises(TypeError, match="record_trace"):
+        _C.Allocator(record_trace=True)
+    rec = testext.TraceRecorder(a)
+    p = a.malloc(1000)
+    a.free(p)
+    ev = rec.take()
+    assert [e["action"] for e in ev] == ["segment_alloc", "alloc", "free_requested",
+                                         "free_completed"], ev
+    assert ev[1]["addr"] == p and ev[1]["size"] == 1000
+    assert rec.take() == [] and not rec.overflow
+    with pytest.raises(TypeError, match="gpumem._C.Allocator"):
+        testext.TraceRecorder(object())
+
+
+def test_virtual_device_configuration_is_checked():
+    with pytest.raises(ValueError, match="bad virtual device configuration"):
+        testext.VirtualDevice(granularity=3 * MiB)
     with pytest.raises(ValueError, match="mode must be"):
-        testext.SimDevice(mode="disk")
+        testext.VirtualDevice(mode="disk")
 
 
 # --------------------------------------------------------------- bench_pairs

@@ -2,7 +2,7 @@
 first import by tests/ext/build.py and cached there (tests/ext/build/).
 
     import testext
-    dev = testext.SimDevice(capacity=64 << 20, event_mode="never")
+    dev = testext.VirtualDevice(capacity=64 << 20, event_mode="never")
     a = gpumem._C.Allocator(device_backend=dev)
     dev.set_failure("seg_alloc", nth=1); dev.counters(); dev.complete_events()
     testext.bench_pairs(a, 4096, 10000)
@@ -23,7 +23,8 @@ build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build)
 
 module = build.load()
-SimDevice = module.SimDevice
+VirtualDevice = module.VirtualDevice
+TraceRecorder = module.TraceRecorder
 bench_pairs = module.bench_pairs
 hist_c_thread_alloc = module.hist_c_thread_alloc
 hist_capture_in_c_thread = module.hist_capture_in_c_thread

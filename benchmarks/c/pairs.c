@@ -1,9 +1,9 @@
 /*
  * pairs.c - the core's cost of one malloc+free pair that hits the cache,
- * timed in C on the simulated device (benchmarks/core_alloc.py builds and
+ * timed in C on the virtual device (benchmarks/core_alloc.py builds and
  * runs it).
  *
- * Uses only the public API (core/gm_alloc.h, device/sim.h), so the same
+ * Uses only the public API (core/gm_alloc.h, device/vdev.h), so the same
  * file builds against an older tree of gpumem too, and both builds can be
  * compared in one run.
  *
@@ -15,7 +15,7 @@
 #include <time.h>
 
 #include "core/gm_alloc.h"
-#include "device/sim.h"
+#include "device/vdev.h"
 
 static double now_ns(void) {
     struct timespec t;
@@ -42,13 +42,13 @@ int main(int argc, char **argv) {
     }
     size_t size = (size_t)strtoull(argv[1], NULL, 10);
     long batches = strtol(argv[2], NULL, 10), per_batch = strtol(argv[3], NULL, 10);
-    gm_sim_config_t cfg;
-    gm_sim_config_default(&cfg);
+    gm_vdev_config_t cfg;
+    gm_vdev_config_default(&cfg);
     cfg.capacity = (size_t)8 << 30;
-    gm_sim_t *sim = NULL;
+    gm_vdev_t *vdev = NULL;
     gm_alloc_t *a = NULL;
-    if (gm_sim_create(&cfg, &sim) || gm_alloc_create(gm_sim_backend(sim), 0, NULL, &a)) {
-        fprintf(stderr, "pairs: could not create the simulated device or the allocator\n");
+    if (gm_vdev_create(&cfg, &vdev) || gm_alloc_create(gm_vdev_backend(vdev), 0, NULL, &a)) {
+        fprintf(stderr, "pairs: could not create the virtual device or the allocator\n");
         return 1;
     }
     int rc = pairs(a, size, 10000); /* warm: the segment is cached */
@@ -58,7 +58,7 @@ int main(int argc, char **argv) {
         printf("%.3f\n", (now_ns() - t0) / (double)per_batch);
     }
     gm_alloc_destroy(a);
-    gm_sim_destroy(sim);
+    gm_vdev_destroy(vdev);
     if (rc)
         fprintf(stderr, "pairs: allocator error %d\n", rc);
     return rc ? 1 : 0;

@@ -3,7 +3,7 @@
  *
  * A backend is a table of function pointers plus an opaque context, in the
  * spirit of mimalloc's prim layer. The core never talks to CUDA, the
- * simulated device or the operating system in any other way.
+ * virtual device or the operating system in any other way.
  *
  * Rules every backend follows:
  *   - Each function returns 0 (GM_OK) or a negative GM_E* code and hands
@@ -35,7 +35,7 @@ extern "C" {
 
 typedef struct gm_backend {
     void *ctx;        /* immutable after init */
-    const char *name; /* "sim", "cuda" */
+    const char *name; /* "virtual", "cuda" */
 
     /* Total and free bytes of the device (cuMemGetInfo). */
     int (*mem_get_info)(void *ctx, int device, size_t *free_bytes, size_t *total_bytes);

@@ -1,8 +1,9 @@
 /*
  * cuda_backend.c - the CUDA driver backend (see cuda_backend.h): loading the
- * driver, errors, primary contexts, plain memory, events and the backend
- * table. Virtual memory management for expandable segments is in
- * cuda_vmm.c; what the two share is in cuda_internal.h.
+ * driver, plain memory, events and the backend table. Virtual memory
+ * management for expandable segments is in cuda_vmm.c; the errors and the
+ * primary-context guard that both use are in cuda_call.c, below both;
+ * what the three share is declared in cuda_internal.h.
  *
  * Rules it follows (CUDA driver API semantics):
  *   - The driver is dlopen'ed; every entry point is looked up by its
@@ -34,115 +35,6 @@
 #include <string.h>
 
 #include "cuda_internal.h"
-
-/* ------------------------------------------------------------ errors */
-
-static _Thread_local int tls_result;                   /* thread-local */
-static _Thread_local char tls_error[GM_CUDA_ERROR_LEN]; /* thread-local */
-
-int gm_cuda_last_result(void) { return tls_result; }
-
-int gm_cuda_fail(gm_cuda_t *c, const char *fn, CUresult r) {
-    const char *name = NULL, *text = NULL;
-    if (c && c->p_cuGetErrorName)
-        c->p_cuGetErrorName(r, &name);
-    if (c && c->p_cuGetErrorString)
-        c->p_cuGetErrorString(r, &text);
-    tls_result = (int)r;
-    snprintf(tls_error, sizeof tls_error, "%s failed: %s (%d): %s", fn, name ? name : "CUDA_ERROR",
-             (int)r, text ? text : "unknown error");
-    switch ((int)r) {
-    case CUDA_ERROR_OUT_OF_MEMORY:
-        return GM_EOOM;
-    case CUDA_ERROR_NOT_READY:
-        return GM_ENOTREADY;
-    case CUDA_ERROR_NOT_SUPPORTED:
-        return GM_ENOTSUP;
-    default:
-        return GM_EDEVICE;
-    }
-}
-
-int gm_cuda_ok_or(gm_cuda_t *c, CUresult r, const char *fn) {
-    return r == CUDA_SUCCESS ? GM_OK : gm_cuda_fail(c, fn, r);
-}
-
-int gm_cuda_set_error(int code, int result, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    tls_result = result;
-    vsnprintf(tls_error, sizeof tls_error, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-void gm_cuda_error_save(gm_cuda_error_state_t *out) {
-    out->result = tls_result;
-    memcpy(out->text, tls_error, sizeof out->text);
-}
-
-void gm_cuda_error_restore(const gm_cuda_error_state_t *saved) {
-    tls_result = saved->result;
-    memcpy(tls_error, saved->text, sizeof tls_error);
-}
-
-#define CHECK(c, call, fn)                                                     \
-    do {                                                                       \
-        CUresult r_ = (call);                                                  \
-        if (r_ != CUDA_SUCCESS)                                                \
-            return gm_cuda_fail((c), (fn), r_);                                \
-    } while (0)
-
-/* ------------------------------------------------------------ contexts */
-
-static int primary_ctx(gm_cuda_t *c, int device, CUcontext *out) {
-    if (device < 0 || device >= c->n_devices)
-        return gm_cuda_set_error(GM_EINVAL, 0, "invalid device ordinal %d (%d devices)", device,
-                                 c->n_devices);
-    pthread_mutex_lock(&c->lock);
-    if (!c->primary[device]) {
-        CUdevice dev;
-        CUresult r = c->p_cuDeviceGet(&dev, device);
-        if (r == CUDA_SUCCESS)
-            r = c->p_cuDevicePrimaryCtxRetain(&c->primary[device], dev);
-        if (r != CUDA_SUCCESS) {
-            pthread_mutex_unlock(&c->lock);
-            return gm_cuda_fail(c, "cuDevicePrimaryCtxRetain", r);
-        }
-    }
-    *out = c->primary[device];
-    pthread_mutex_unlock(&c->lock);
-    return GM_OK;
-}
-
-/* Make the device's primary context current for one call. */
-int gm_cuda_enter(gm_cuda_t *c, int device, gm_cuda_guard_t *g) {
-    g->pushed = 0;
-    CUcontext want = NULL, cur = NULL;
-    int rc = primary_ctx(c, device, &want);
-    if (rc)
-        return rc;
-    CHECK(c, c->p_cuCtxGetCurrent(&cur), "cuCtxGetCurrent");
-    if (cur == want)
-        return GM_OK;
-    if (!cur) {
-        CHECK(c, c->p_cuCtxSetCurrent(want), "cuCtxSetCurrent");
-        return GM_OK;
-    }
-    CHECK(c, c->p_cuCtxPushCurrent_v2(want), "cuCtxPushCurrent");
-    g->pushed = 1;
-    return GM_OK;
-}
-
-int gm_cuda_leave(gm_cuda_t *c, gm_cuda_guard_t *g, int rc) {
-    if (g->pushed) {
-        CUcontext popped;
-        CUresult r = c->p_cuCtxPopCurrent_v2(&popped);
-        if (r != CUDA_SUCCESS && rc == GM_OK)
-            return gm_cuda_fail(c, "cuCtxPopCurrent", r);
-    }
-    return rc;
-}
 
 /* ----------------------------------------------- plain memory, events */
 
@@ -233,7 +125,7 @@ static int cu_stream_synchronize(void *ctx, int device, uintptr_t stream) {
                                             "cuStreamSynchronize"));
 }
 
-static const char *cu_last_error(void *ctx) { return tls_error; }
+static const char *cu_last_error(void *ctx) { return gm_cuda_last_error(); }
 
 /* ------------------------------------------------------------ lifecycle */
 
@@ -246,7 +138,7 @@ int gm_cuda_open(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
     if (!lib) {
         const char *why = dlerror();
         snprintf(err, errlen,
-                 "cannot load the CUDA driver library %s (%s); gpumem's simulated device is "
+                 "cannot load the CUDA driver library %s (%s); gpumem's virtual device is "
                  "still available",
                  path, why ? why : "not found");
         return GM_EDEVICE;
@@ -264,7 +156,7 @@ int gm_cuda_open(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
     if (!c->p_##name) {                                                        \
         snprintf(err, errlen,                                                  \
                  "the CUDA driver library %s has no %s; it is too old or not " \
-                 "NVIDIA's libcuda (gpumem's simulated device is still "       \
+                 "NVIDIA's libcuda (gpumem's virtual device is still "         \
                  "available)",                                                 \
                  path, #name);                                                 \
         gm_ptrmap_free(&c->handles);                                           \
@@ -285,7 +177,7 @@ int gm_cuda_open(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
     }
     if (r != CUDA_SUCCESS) {
         gm_cuda_fail(c, step, r);
-        snprintf(err, errlen, "the CUDA driver (%s) did not initialise: %s", path, tls_error);
+        snprintf(err, errlen, "the CUDA driver (%s) did not initialise: %s", path, gm_cuda_last_error());
         gm_ptrmap_free(&c->handles);
         free(c);
         return GM_EDEVICE;

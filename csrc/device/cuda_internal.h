@@ -1,8 +1,9 @@
 /*
  * cuda_internal.h - what the files of the CUDA driver backend share
- * (cuda_backend.c: loading, errors, contexts, plain memory, events, the
- * backend table; cuda_vmm.c: virtual memory management for expandable
- * segments). Private to csrc/device/cuda_*.c: nothing else includes it.
+ * (cuda_backend.c: loading, plain memory, events, the backend table;
+ * cuda_vmm.c: virtual memory management for expandable segments; below
+ * both, cuda_call.c: errors and the primary-context guard). Private to
+ * csrc/device/cuda_*.c: nothing else includes it.
  *
  * It holds the backend's state (struct gm_cuda) and the driver function
  * table, the per-thread error state (the last CUresult and its text, see
@@ -84,13 +85,20 @@ struct gm_cuda {
     int n_unreleased;                         /* protected by: lock */
 };
 
-/* ------------------------------------------------- errors (cuda_backend.c) */
+/* ---------------------------------------------------- errors (cuda_call.c) */
 
 /* Record the failed call's CUresult and text for the calling thread and
  * return its GM_E* code (GM_EOOM, GM_ENOTREADY, GM_ENOTSUP or GM_EDEVICE). */
 int gm_cuda_fail(gm_cuda_t *c, const char *fn, CUresult r);
 /* GM_OK for CUDA_SUCCESS, else gm_cuda_fail(c, fn, r). */
 int gm_cuda_ok_or(gm_cuda_t *c, CUresult r, const char *fn);
+/* Return gm_cuda_fail(c, fn, r) from the calling function if `call` fails. */
+#define GM_CUDA_CHECK(c, call, fn)                                             \
+    do {                                                                       \
+        CUresult r_ = (call);                                                  \
+        if (r_ != CUDA_SUCCESS)                                                \
+            return gm_cuda_fail((c), (fn), r_);                                \
+    } while (0)
 /* Record an error found by the backend itself (no failed driver call):
  * `result` as the CUresult, the formatted text; returns `code`. */
 int gm_cuda_set_error(int code, int result, const char *fmt, ...)
@@ -104,16 +112,18 @@ typedef struct gm_cuda_error_state {
 } gm_cuda_error_state_t;
 void gm_cuda_error_save(gm_cuda_error_state_t *out);
 void gm_cuda_error_restore(const gm_cuda_error_state_t *saved);
+/* The calling thread's last error text (the backend table's last_error). */
+const char *gm_cuda_last_error(void);
 
-/* ----------------------------------------------- contexts (cuda_backend.c) */
+/* -------------------------------------------------- contexts (cuda_call.c) */
 
 typedef struct gm_cuda_guard {
     int pushed;
 } gm_cuda_guard_t;
 
 /* Make the device's primary context current for one call (see
- * cuda_backend.c), and undo that; gm_cuda_leave returns rc unless popping
- * the context failed while rc was GM_OK. */
+ * cuda_backend.c's header), and undo that; gm_cuda_leave returns rc
+ * unless popping the context failed while rc was GM_OK. */
 int gm_cuda_enter(gm_cuda_t *c, int device, gm_cuda_guard_t *g);
 int gm_cuda_leave(gm_cuda_t *c, gm_cuda_guard_t *g, int rc);
 

@@ -1,6 +1,6 @@
 /*
  * allocator.c - gpumem._C.Allocator: one core allocator, registered with
- * memory history, on a simulated device of its own, on the process's CUDA
+ * memory history, on a virtual device of its own, on the process's CUDA
  * driver, or on a device another extension owns (device_backend=, see
  * GM_BACKEND_CAPSULE in core_api.h). The torch shim uses the core through
  * the capsule instead (core_api.c).
@@ -12,7 +12,7 @@
  * test-only controls (failure injection, counters, timing loops): those
  * live in the test extension (tests/ext).
  */
-#include "../device/sim.h"
+#include "../device/vdev.h"
 #include "../history/hist.h"
 #include "allocator.h"
 #include "core_api.h"
@@ -22,7 +22,6 @@
 #include "segments.h"
 #include "settings.h"
 #include "stats.h"
-#include "trace_buffer.h"
 
 static int g_vmm_warned = 0; /* protected by: GIL */
 
@@ -31,10 +30,9 @@ typedef struct {
     /* All set once by __init__ (protected by: GIL until set, immutable after). */
     gm_alloc_t *alloc;
     const gm_backend_t *backend; /* the device alloc runs on */
-    gm_sim_t *sim;               /* the Allocator's own simulated device, or NULL */
+    gm_vdev_t *vdev;               /* the Allocator's own virtual device, or NULL */
     PyObject *backend_owner;     /* device_backend=, kept alive while alloc may use it */
     int device;
-    gm_py_trace_t trace; /* record_trace's events; initialised with alloc */
 } AllocatorObject;
 
 /* The core on `be`; on failure an exception carrying the backend's text. */
@@ -93,20 +91,20 @@ static int init_external(AllocatorObject *self, PyObject *obj, const gm_settings
     return 0;
 }
 
-static int init_sim(AllocatorObject *self, const gm_sim_config_t *cfg, const gm_settings_t *s,
+static int init_vdev(AllocatorObject *self, const gm_vdev_config_t *cfg, const gm_settings_t *s,
                     int device) {
     if (device < 0 || device >= cfg->num_devices) {
         PyErr_SetString(PyExc_ValueError, "device must be in [0, num_devices)");
         return -1;
     }
-    int rc = gm_sim_create(cfg, &self->sim);
+    int rc = gm_vdev_create(cfg, &self->vdev);
     if (rc) {
-        gm_py_raise(rc, "bad simulated device configuration (capacity, granularity or mode)");
+        gm_py_raise(rc, "bad virtual device configuration (capacity, granularity or mode)");
         return -1;
     }
-    if (create_core(self, gm_sim_backend(self->sim), device, s) < 0) {
-        gm_sim_destroy(self->sim);
-        self->sim = NULL;
+    if (create_core(self, gm_vdev_backend(self->vdev), device, s) < 0) {
+        gm_vdev_destroy(self->vdev);
+        self->vdev = NULL;
         return -1;
     }
     return 0;
@@ -118,22 +116,21 @@ static const char *const own_device_args[] = {"capacity", "granularity", "mode",
                                               "backend",  "libcuda",     NULL};
 
 static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"capacity",     "granularity", "mode",    "settings",
-                             "device",       "num_devices", "record_trace", "backend",
-                             "libcuda",      "device_backend", NULL};
+    static char *kwlist[] = {"capacity", "granularity", "mode",    "settings",       "device",
+                             "num_devices", "backend",   "libcuda", "device_backend", NULL};
     unsigned long long capacity = (unsigned long long)80 << 30;
     unsigned long long granularity = (unsigned long long)2 << 20;
     const char *mode = "virtual";
     PyObject *settings = NULL, *device_backend = NULL;
-    int device = 0, num_devices = 1, record_trace = 0;
-    const char *backend = "sim", *libcuda = NULL;
+    int device = 0, num_devices = 1;
+    const char *backend = "virtual", *libcuda = NULL;
     if (self->alloc) {
         PyErr_SetString(PyExc_RuntimeError, "Allocator is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|KKsOiipsz$O", kwlist, &capacity,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|KKsOiisz$O", kwlist, &capacity,
                                      &granularity, &mode, &settings, &device, &num_devices,
-                                     &record_trace, &backend, &libcuda, &device_backend))
+                                     &backend, &libcuda, &device_backend))
         return -1;
     if (device_backend == Py_None)
         device_backend = NULL;
@@ -144,19 +141,21 @@ static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwarg
                          own_device_args[i]);
             return -1;
         }
-    if (strcmp(backend, "sim") && strcmp(backend, "cuda")) {
-        PyErr_SetString(PyExc_ValueError, "backend must be 'sim' or 'cuda'");
+    if (!strcmp(backend, "sim")) /* the name before "sim" came to mean the simulated GPU */
+        backend = "virtual";
+    if (strcmp(backend, "virtual") && strcmp(backend, "cuda")) {
+        PyErr_SetString(PyExc_ValueError, "backend must be 'virtual' or 'cuda'");
         return -1;
     }
-    gm_sim_config_t cfg;
-    gm_sim_config_default(&cfg);
+    gm_vdev_config_t cfg;
+    gm_vdev_config_default(&cfg);
     cfg.capacity = (size_t)capacity;
     cfg.granularity = (size_t)granularity;
     cfg.num_devices = num_devices;
     if (!strcmp(mode, "virtual"))
-        cfg.mode = GM_SIM_VIRTUAL;
+        cfg.mode = GM_VDEV_VIRTUAL;
     else if (!strcmp(mode, "host"))
-        cfg.mode = GM_SIM_HOST;
+        cfg.mode = GM_VDEV_HOST;
     else {
         PyErr_SetString(PyExc_ValueError, "mode must be 'virtual' or 'host'");
         return -1;
@@ -170,12 +169,12 @@ static int Allocator_init(AllocatorObject *self, PyObject *args, PyObject *kwarg
     else if (!strcmp(backend, "cuda"))
         rc = init_cuda(self, &s, device, libcuda);
     else
-        rc = init_sim(self, &cfg, &s, device);
+        rc = init_vdev(self, &cfg, &s, device);
     if (rc < 0)
         return -1;
-    gm_py_trace_init(&self->trace);
-    /* Registered for memory history; record_trace chains behind it. */
-    gm_hist_attach(self->alloc, record_trace ? gm_py_trace_hook : NULL, &self->trace);
+    /* Registered for memory history (the tests' TraceRecorder chains
+     * behind it through the history capsule, tests/ext/trace_recorder.c). */
+    gm_hist_attach(self->alloc, NULL, NULL);
     if (!strcmp(backend, "cuda") && s.expandable_segments &&
         !gm_alloc_expandable_active(self->alloc) && !g_vmm_warned) {
         g_vmm_warned = 1;
@@ -192,9 +191,8 @@ static void Allocator_dealloc(AllocatorObject *self) {
     if (self->alloc) {
         gm_hist_detach(self->alloc);
         gm_alloc_destroy(self->alloc);
-        if (self->sim)
-            gm_sim_destroy(self->sim);
-        gm_py_trace_destroy(&self->trace);
+        if (self->vdev)
+            gm_vdev_destroy(self->vdev);
     }
     /* Only now: the core no longer uses the backend. */
     Py_XDECREF(self->backend_owner);
@@ -393,11 +391,6 @@ static PyObject *Allocator_expandable_active(AllocatorObject *self, PyObject *un
     return PyBool_FromLong(gm_alloc_expandable_active(self->alloc));
 }
 
-static PyObject *Allocator_take_trace(AllocatorObject *self, PyObject *unused) {
-    READY(self);
-    return gm_py_trace_take(&self->trace);
-}
-
 static PyMethodDef Allocator_methods[] = {
     {"malloc", (PyCFunction)(void (*)(void))Allocator_malloc, METH_VARARGS | METH_KEYWORDS,
      "malloc(size, stream=0, ctx=0) -> address; raises OutOfMemoryError"},
@@ -420,16 +413,14 @@ static PyMethodDef Allocator_methods[] = {
     {"settings", (PyCFunction)Allocator_settings, METH_NOARGS, ""},
     {"set_settings", (PyCFunction)Allocator_set_settings, METH_O, ""},
     {"expandable_active", (PyCFunction)Allocator_expandable_active, METH_NOARGS, ""},
-    {"backend", (PyCFunction)Allocator_backend, METH_NOARGS, "'sim' or 'cuda'"},
-    {"take_trace", (PyCFunction)Allocator_take_trace, METH_NOARGS,
-     "Events recorded since the last call (record_trace=True)."},
+    {"backend", (PyCFunction)Allocator_backend, METH_NOARGS, "'virtual' or 'cuda'"},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject AllocatorType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpumem._C.Allocator",
     .tp_basicsize = sizeof(AllocatorObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The gpumem allocator core on a simulated device, on the CUDA driver "
+    .tp_doc = "The gpumem allocator core on a virtual device, on the CUDA driver "
               "(backend='cuda') or on a device_backend.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Allocator_init,

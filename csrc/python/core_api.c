@@ -117,6 +117,7 @@ static const gm_core_api_t core_api = {
     .empty_cache_pool = gm_alloc_empty_cache_pool,
     .walk_pool = gm_alloc_walk_pool,
     .pool_restore = gm_alloc_pool_restore,
+    .action_name = gm_action_name,
 };
 
 int gm_py_core_api_init(PyObject *module) {

@@ -131,6 +131,10 @@ typedef struct gm_core_api {
     /* ---- appended: private pool checkpoints (CUDA graph trees) ---- */
     int (*pool_restore)(gm_alloc_t *a, gm_mempool_id_t id, const gm_ckpt_block_t *blocks,
                         size_t n, gm_ckpt_ptr_fn freed, void *arg, uint32_t ctx);
+
+    /* ---- appended: trace hooks outside gpumem._C (tests' recorder) ---- */
+    /* A gm_action_t's name ("alloc", "free_requested", ...; torch's). */
+    const char *(*action_name)(int action);
 } gm_core_api_t;
 
 /* gpumem._C only (core_api.c): publish the table as the capsule. */

@@ -20,7 +20,7 @@
 #include "size_policy.h"
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "gpumem._C",
-                                       "gpumem's C allocator core and simulated device.", -1,
+                                       "gpumem's C allocator core and virtual device.", -1,
                                        NULL, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__C(void) {

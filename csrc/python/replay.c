@@ -5,7 +5,7 @@
  * A release op is the core's empty_cache, where the trace shows torch
  * giving cached memory back (gpumem/replay.py, Note [Replaying releases]).
  *
- * Invariants: each call owns its simulated device and core, and destroys
+ * Invariants: each call owns its virtual device and core, and destroys
  * both before returning; nothing is shared between calls. The loop runs
  * with the GIL released and touches no Python object. A trace address is
  * mapped to the pointer the core returned (its free goes to that pointer);
@@ -19,7 +19,7 @@
 #include <time.h>
 
 #include "../base/ptrmap.h"
-#include "../device/sim.h"
+#include "../device/vdev.h"
 #include "errors.h"
 #include "replay.h"
 #include "settings.h"
@@ -121,8 +121,8 @@ static PyObject *py_replay(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     size_t n = (size_t)act.len;
     gm_settings_t s;
-    gm_sim_config_t cfg;
-    gm_sim_t *sim = NULL;
+    gm_vdev_config_t cfg;
+    gm_vdev_t *vdev = NULL;
     gm_alloc_t *a = NULL;
     if ((size_t)addr.len != n * 8 || (size_t)size.len != n * 8 || (size_t)stream.len != n * 8) {
         PyErr_SetString(PyExc_ValueError,
@@ -131,14 +131,14 @@ static PyObject *py_replay(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     if (gm_py_settings_from_obj(settings, &s) < 0)
         goto done;
-    gm_sim_config_default(&cfg);
+    gm_vdev_config_default(&cfg);
     cfg.capacity = (size_t)capacity;
     cfg.granularity = (size_t)granularity;
-    int rc = gm_sim_create(&cfg, &sim);
+    int rc = gm_vdev_create(&cfg, &vdev);
     if (!rc)
-        rc = gm_alloc_create(gm_sim_backend(sim), 0, &s, &a);
+        rc = gm_alloc_create(gm_vdev_backend(vdev), 0, &s, &a);
     if (rc) {
-        gm_py_raise(rc, "bad capacity or granularity for the simulated device");
+        gm_py_raise(rc, "bad capacity or granularity for the virtual device");
         goto done;
     }
     const uint8_t *acts = act.buf;
@@ -182,8 +182,8 @@ static PyObject *py_replay(PyObject *self, PyObject *args, PyObject *kwargs) {
 done:
     if (a)
         gm_alloc_destroy(a);
-    if (sim)
-        gm_sim_destroy(sim);
+    if (vdev)
+        gm_vdev_destroy(vdev);
     PyBuffer_Release(&act);
     PyBuffer_Release(&addr);
     PyBuffer_Release(&size);
@@ -195,7 +195,7 @@ static PyMethodDef methods[] = {
     {"replay", (PyCFunction)(void (*)(void))py_replay, METH_VARARGS | METH_KEYWORDS,
      "replay(actions, addrs, sizes, streams, *, capacity, settings=None, granularity=2MiB)\n"
      "Replay alloc (0) / free (1) / release (2: empty_cache) ops through the core on a\n"
-     "virtual simulated device."},
+     "virtual device."},
     {NULL, NULL, 0, NULL}};
 
 int gm_py_replay_init(PyObject *module) { return PyModule_AddFunctions(module, methods); }

@@ -1,6 +1,6 @@
 /*
  * replay.h - _C.replay, the fast trace replayer (replay.c): op lists from
- * a snapshot's trace through a fresh core on a virtual simulated device,
+ * a snapshot's trace through a fresh core on a virtual device,
  * with the GIL released while it runs.
  */
 #ifndef GM_PYTHON_REPLAY_H

@@ -1,7 +1,7 @@
 /*
  * helpers.h - fixtures shared by the C unit tests.
  *
- * A fixture (fx_t) is one test device (testdev.h: the simulated device, or
+ * A fixture (fx_t) is one test device (testdev.h: the virtual device, or
  * the CUDA driver backend over the fake libcuda with --backend=cuda) plus
  * one allocator on device 0, with a trace recorder attached. fx_close()
  * checks the invariants, destroys the allocator and then checks that the

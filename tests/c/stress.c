@@ -3,7 +3,7 @@
  * against a simple reference model.
  *
  * Each step is one operation: malloc (tiny, small, medium and large sizes),
- * free, record_stream on another stream, event completion (the simulated
+ * free, record_stream on another stream, event completion (the virtual
  * events never complete on their own), a bad free, empty_cache or a change
  * of the memory limit, over four streams. The model keeps every live and
  * pending-free block (pointer, block size, requested size, stream) in an
@@ -20,7 +20,7 @@
  * synchronized (a capture may be underway), so the model completes nothing;
  * live pools keep their cached segments through empty_cache.
  *
- * Usage: stress [--backend=sim|cuda] [--ops N] [--seed S] [--expandable] [--host]
+ * Usage: stress [--backend=virtual|cuda] [--ops N] [--seed S] [--expandable] [--host]
  *               [--check-every N] [--max-split MiB] [--gc F] [--capacity MiB]
  *               [--pools]
  * --backend=cuda (or GM_TEST_BACKEND=cuda) runs on the CUDA driver backend
@@ -193,7 +193,7 @@ static void model_complete_pending(void) {
  * synchronized, and the allocator synchronizes a block's stream before it
  * unmaps expandable-segment granules (event synchronizes happen only on the
  * empty_cache/retry paths, which the model already treats as completing
- * everything). The simulator's
+ * everything). The virtual device's
  * stream_synchronize completes nothing, so there this never happens. After
  * a synchronize (or when the allocator has fewer active blocks than the
  * model), the walk says which pending blocks are gone; each must have
@@ -789,7 +789,7 @@ static void cleanup_all(void) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: stress [--backend=sim|cuda] [--ops N] [--seed S] [--expandable] "
+    fprintf(stderr, "usage: stress [--backend=virtual|cuda] [--ops N] [--seed S] [--expandable] "
                     "[--host] [--check-every N] [--max-split MiB] [--gc F] [--capacity MiB] [--pools]\n");
     exit(2);
 }

@@ -3,7 +3,7 @@
  *
  * The CUDA side talks to the fake driver only through what it exports:
  * cu* entry points for the test's own streams and context, and the
- * fakecuda_* test controls (csrc/sim/driver/README.md). Everything is looked
+ * fakecuda_* test controls (simgpu/driver/README.md). Everything is looked
  * up with dlsym on the library gm_cuda_open loads ($GPUMEM_LIBCUDA), so the
  * test binaries link no CUDA library.
  */
@@ -15,31 +15,31 @@
 #include <string.h>
 
 #include "device/cuda_backend.h"
-#include "device/sim.h"
+#include "device/vdev.h"
 
-/* The simulator takes TDEV_FN_* and TDEV_EVENTS_* as they are. */
-_Static_assert((int)TDEV_FN_COUNT == (int)GM_SIM_FN_COUNT &&
-                   (int)TDEV_FN_SEG_ALLOC == (int)GM_SIM_FN_SEG_ALLOC &&
-                   (int)TDEV_FN_SEG_FREE == (int)GM_SIM_FN_SEG_FREE &&
-                   (int)TDEV_FN_EVENT_CREATE == (int)GM_SIM_FN_EVENT_CREATE &&
-                   (int)TDEV_FN_EVENT_RECORD == (int)GM_SIM_FN_EVENT_RECORD &&
-                   (int)TDEV_FN_EVENT_QUERY == (int)GM_SIM_FN_EVENT_QUERY &&
-                   (int)TDEV_FN_MAP == (int)GM_SIM_FN_MAP &&
-                   (int)TDEV_FN_UNMAP == (int)GM_SIM_FN_UNMAP &&
-                   (int)TDEV_FN_VA_RESERVE == (int)GM_SIM_FN_VA_RESERVE,
-               "TDEV_FN_* mirror gm_sim_fn_t");
-_Static_assert((int)TDEV_EVENTS_IMMEDIATE == (int)GM_SIM_EVENTS_IMMEDIATE &&
-                   (int)TDEV_EVENTS_NEVER == (int)GM_SIM_EVENTS_NEVER &&
-                   (int)TDEV_EVENTS_AFTER_N == (int)GM_SIM_EVENTS_AFTER_N,
-               "TDEV_EVENTS_* mirror GM_SIM_EVENTS_*");
+/* The virtual device takes TDEV_FN_* and TDEV_EVENTS_* as they are. */
+_Static_assert((int)TDEV_FN_COUNT == (int)GM_VDEV_FN_COUNT &&
+                   (int)TDEV_FN_SEG_ALLOC == (int)GM_VDEV_FN_SEG_ALLOC &&
+                   (int)TDEV_FN_SEG_FREE == (int)GM_VDEV_FN_SEG_FREE &&
+                   (int)TDEV_FN_EVENT_CREATE == (int)GM_VDEV_FN_EVENT_CREATE &&
+                   (int)TDEV_FN_EVENT_RECORD == (int)GM_VDEV_FN_EVENT_RECORD &&
+                   (int)TDEV_FN_EVENT_QUERY == (int)GM_VDEV_FN_EVENT_QUERY &&
+                   (int)TDEV_FN_MAP == (int)GM_VDEV_FN_MAP &&
+                   (int)TDEV_FN_UNMAP == (int)GM_VDEV_FN_UNMAP &&
+                   (int)TDEV_FN_VA_RESERVE == (int)GM_VDEV_FN_VA_RESERVE,
+               "TDEV_FN_* mirror gm_vdev_fn_t");
+_Static_assert((int)TDEV_EVENTS_IMMEDIATE == (int)GM_VDEV_EVENTS_IMMEDIATE &&
+                   (int)TDEV_EVENTS_NEVER == (int)GM_VDEV_EVENTS_NEVER &&
+                   (int)TDEV_EVENTS_AFTER_N == (int)GM_VDEV_EVENTS_AFTER_N,
+               "TDEV_EVENTS_* mirror GM_VDEV_EVENTS_*");
 
 /* ------------------------------------------------------------ selection */
 
 static int g_kind = -1;
 
 static int kind_from(const char *v, int *out) {
-    if (!strcmp(v, "sim"))
-        *out = TDEV_SIM;
+    if (!strcmp(v, "virtual"))
+        *out = TDEV_VDEV;
     else if (!strcmp(v, "cuda"))
         *out = TDEV_CUDA;
     else
@@ -48,17 +48,17 @@ static int kind_from(const char *v, int *out) {
 }
 
 int tdev_parse_args(int *argc, char **argv) {
-    int kind = TDEV_SIM;
+    int kind = TDEV_VDEV;
     const char *env = getenv("GM_TEST_BACKEND");
     if (env && *env && kind_from(env, &kind)) {
-        fprintf(stderr, "GM_TEST_BACKEND='%s': expected 'sim' or 'cuda'\n", env);
+        fprintf(stderr, "GM_TEST_BACKEND='%s': expected 'virtual' or 'cuda'\n", env);
         return -1;
     }
     int j = 1;
     for (int i = 1; i < *argc; i++) {
         if (!strncmp(argv[i], "--backend=", 10)) {
             if (kind_from(argv[i] + 10, &kind)) {
-                fprintf(stderr, "%s: expected --backend=sim or --backend=cuda\n", argv[i]);
+                fprintf(stderr, "%s: expected --backend=virtual or --backend=cuda\n", argv[i]);
                 return -1;
             }
             continue;
@@ -73,7 +73,7 @@ int tdev_parse_args(int *argc, char **argv) {
 
 int tdev_kind(void) {
     if (g_kind < 0) {
-        int kind = TDEV_SIM;
+        int kind = TDEV_VDEV;
         const char *env = getenv("GM_TEST_BACKEND");
         if (env && *env)
             kind_from(env, &kind);
@@ -82,7 +82,7 @@ int tdev_kind(void) {
     return g_kind;
 }
 
-const char *tdev_kind_name(void) { return tdev_kind() == TDEV_CUDA ? "cuda" : "sim"; }
+const char *tdev_kind_name(void) { return tdev_kind() == TDEV_CUDA ? "cuda" : "virtual"; }
 
 void tdev_config_default(tdev_config_t *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -97,7 +97,7 @@ void tdev_config_default(tdev_config_t *cfg) {
 struct tdev {
     int kind;
     int num_devices;
-    gm_sim_t *sim;
+    gm_vdev_t *vdev;
     const gm_backend_t *be;
     uintptr_t streams[TDEV_NSTREAMS];
     long long reclaimed0[4]; /* cuda: fakecuda's reclaimed.* at open */
@@ -370,25 +370,25 @@ int tdev_open(const tdev_config_t *cfg_in, tdev_t **out, char *err, size_t errle
             return rc;
         }
     } else {
-        gm_sim_config_t sc;
-        gm_sim_config_default(&sc);
+        gm_vdev_config_t sc;
+        gm_vdev_config_default(&sc);
         sc.num_devices = cfg.num_devices;
         sc.capacity = cfg.capacity;
         sc.granularity = cfg.granularity;
-        sc.mode = cfg.host_memory ? GM_SIM_HOST : GM_SIM_VIRTUAL;
+        sc.mode = cfg.host_memory ? GM_VDEV_HOST : GM_VDEV_VIRTUAL;
         sc.event_mode = cfg.event_mode;
         sc.event_after_n = cfg.event_after_n;
         sc.fail_above = cfg.fail_above;
         sc.fail_fn = cfg.fail_fn;
         sc.fail_nth = cfg.fail_nth;
         sc.fail_code = cfg.fail_code;
-        rc = gm_sim_create(&sc, &d->sim);
-        if (rc || !d->sim) {
-            snprintf(err, errlen, "gm_sim_create failed: %d (%s)", rc, gm_strerror(rc));
+        rc = gm_vdev_create(&sc, &d->vdev);
+        if (rc || !d->vdev) {
+            snprintf(err, errlen, "gm_vdev_create failed: %d (%s)", rc, gm_strerror(rc));
             free(d);
             return rc ? rc : GM_ENOMEM;
         }
-        d->be = gm_sim_backend(d->sim);
+        d->be = gm_vdev_backend(d->vdev);
         for (int i = 1; i < TDEV_NSTREAMS; i++)
             d->streams[i] = (uintptr_t)0x1100 * (uintptr_t)i;
     }
@@ -406,8 +406,8 @@ int tdev_close(tdev_t *d, char *err, size_t errlen) {
     } else {
         size_t used = 0;
         for (int dev = 0; dev < d->num_devices; dev++) {
-            gm_sim_counters_t c;
-            gm_sim_get_counters(d->sim, dev, &c);
+            gm_vdev_counters_t c;
+            gm_vdev_get_counters(d->vdev, dev, &c);
             if (c.live_segments || c.bytes_allocated || c.bytes_mapped || c.live_reservations ||
                 c.bytes_reserved_va || c.live_events) {
                 rc = -1;
@@ -420,7 +420,7 @@ int tdev_close(tdev_t *d, char *err, size_t errlen) {
                                              c.bytes_reserved_va, c.live_events);
             }
         }
-        gm_sim_destroy(d->sim);
+        gm_vdev_destroy(d->vdev);
     }
     free(d);
     return rc;
@@ -453,9 +453,9 @@ uintptr_t tdev_stream(tdev_t *d, int index) {
 
 void tdev_counters(tdev_t *d, int device, tdev_counters_t *out) {
     memset(out, 0, sizeof *out);
-    if (d->kind == TDEV_SIM) {
-        gm_sim_counters_t c;
-        gm_sim_get_counters(d->sim, device, &c);
+    if (d->kind == TDEV_VDEV) {
+        gm_vdev_counters_t c;
+        gm_vdev_get_counters(d->vdev, device, &c);
         for (int i = 0; i < TDEV_FN_COUNT; i++)
             out->calls[i] = c.calls[i];
         out->bytes_allocated = c.bytes_allocated;
@@ -480,22 +480,22 @@ void tdev_counters(tdev_t *d, int device, tdev_counters_t *out) {
 }
 
 long tdev_sync_calls(tdev_t *d) {
-    if (d->kind == TDEV_SIM)
+    if (d->kind == TDEV_VDEV)
         return 0;
     return (long)(fake.fakecuda_query("calls.cuStreamSynchronize", -1) +
                   fake.fakecuda_query("calls.cuCtxSynchronize", -1));
 }
 
 void tdev_complete_events(tdev_t *d) {
-    if (d->kind == TDEV_SIM)
-        gm_sim_complete_events(d->sim);
+    if (d->kind == TDEV_VDEV)
+        gm_vdev_complete_events(d->vdev);
     else
         fake.fakecuda_complete_events();
 }
 
 void tdev_set_event_mode(tdev_t *d, int mode, int after_n) {
-    if (d->kind == TDEV_SIM) {
-        gm_sim_set_event_mode(d->sim, mode, after_n);
+    if (d->kind == TDEV_VDEV) {
+        gm_vdev_set_event_mode(d->vdev, mode, after_n);
         return;
     }
     char buf[32];
@@ -504,8 +504,8 @@ void tdev_set_event_mode(tdev_t *d, int mode, int after_n) {
 }
 
 void tdev_set_failure(tdev_t *d, int fn, long nth, int code, size_t fail_above) {
-    if (d->kind == TDEV_SIM) {
-        gm_sim_set_failure(d->sim, fn, nth, code, fail_above);
+    if (d->kind == TDEV_VDEV) {
+        gm_vdev_set_failure(d->vdev, fn, nth, code, fail_above);
         return;
     }
     char fail[128], spec[256];

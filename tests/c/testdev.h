@@ -1,17 +1,17 @@
 /*
  * testdev.h - the device under the C tests, backend-neutral.
  *
- * A test device (tdev_t) is either the simulated device (csrc/device/sim*.c,
+ * A test device (tdev_t) is either the virtual device (csrc/device/vdev*.c,
  * the default) or the CUDA driver backend (csrc/device/cuda_*.c) over
- * the fake libcuda.so.1 of csrc/sim/driver, chosen once per process with
- * --backend=sim|cuda on the command line (tdev_parse_args) or
- * GM_TEST_BACKEND=sim|cuda. The fake is loaded from $GPUMEM_LIBCUDA.
+ * the fake libcuda.so.1 of simgpu/driver, chosen once per process with
+ * --backend=virtual|cuda on the command line (tdev_parse_args) or
+ * GM_TEST_BACKEND=virtual|cuda. The fake is loaded from $GPUMEM_LIBCUDA.
  *
  * Both backends take the same configuration (capacity, VMM granularity,
  * event completion mode, failure injection) and answer the same counters, so
  * a test states what it needs once and runs on either:
  *
- *   sim   a fresh gm_sim_t per tdev_open.
+ *   vdev   a fresh gm_vdev_t per tdev_open.
  *   cuda  the fake has two devices unless GPUMEM_FAKECUDA_DEVICES says
  *         otherwise (set before its cuInit, which tdev_open calls once);
  *         one gm_cuda_t per process for devices with VMM and one for devices
@@ -25,7 +25,7 @@
  *         handle, mapping, reservation, event or stream, and nothing was
  *         reclaimed by a context reset.
  *
- * Failure injection names the simulator's functions (TDEV_FN_*); on cuda
+ * Failure injection names the virtual device's functions (TDEV_FN_*); on cuda
  * they become driver entry points: seg_alloc -> cuMemAlloc_v2,
  * seg_free -> cuMemFree_v2, event_create -> cuEventCreate,
  * event_record -> cuEventRecord, event_query -> cuEventQuery,
@@ -34,7 +34,7 @@
  * va_reserve -> cuMemAddressReserve; GM_EOOM -> CUDA_ERROR_OUT_OF_MEMORY,
  * any other code -> CUDA_ERROR_UNKNOWN. Counters map the same way
  * (calls[TDEV_FN_MAP] counts cuMemMap calls: one per granule on cuda, one
- * per map() on the simulator).
+ * per map() on the virtual device).
  *
  * Must not: be used from two threads at once (a tdev_t belongs to one test).
  */
@@ -46,16 +46,16 @@
 
 #include "device/backend.h"
 
-enum { TDEV_SIM = 0, TDEV_CUDA = 1 };
+enum { TDEV_VDEV = 0, TDEV_CUDA = 1 };
 
-/* Event completion policy (the simulator's GM_SIM_EVENTS_*). */
+/* Event completion policy (the virtual device's GM_VDEV_EVENTS_*). */
 enum {
     TDEV_EVENTS_IMMEDIATE = 0, /* every query says complete */
     TDEV_EVENTS_NEVER = 1,     /* not ready until tdev_complete_events() or a sync */
     TDEV_EVENTS_AFTER_N = 2    /* the first N queries say "not ready" */
 };
 
-/* Functions whose Nth call can be made to fail (the simulator's gm_sim_fn_t). */
+/* Functions whose Nth call can be made to fail (the virtual device's gm_vdev_fn_t). */
 enum {
     TDEV_FN_SEG_ALLOC = 0,
     TDEV_FN_SEG_FREE,
@@ -72,7 +72,7 @@ typedef struct tdev_config {
     int num_devices;    /* default 1; cuda: the fake must have at least this many */
     size_t capacity;    /* bytes per device; default 80 GiB */
     size_t granularity; /* VMM granularity; default 2 MiB; 0 = no VMM */
-    int host_memory;    /* sim: real host memory (GM_SIM_HOST); cuda: always real */
+    int host_memory;    /* vdev: real host memory (GM_VDEV_HOST); cuda: always real */
     int event_mode;     /* TDEV_EVENTS_* */
     int event_after_n;  /* for TDEV_EVENTS_AFTER_N */
     size_t fail_above;  /* a seg_alloc/map of more than this fails with OOM; 0 = off.
@@ -100,7 +100,7 @@ typedef struct tdev_counters {
 
 typedef struct tdev tdev_t;
 
-/* The backend chosen for this process (TDEV_SIM unless --backend=cuda or
+/* The backend chosen for this process (TDEV_VDEV unless --backend=cuda or
  * GM_TEST_BACKEND=cuda). tdev_parse_args removes --backend=... from argv
  * and returns -1 (after printing why) for a bad value. */
 int tdev_parse_args(int *argc, char **argv);
@@ -115,7 +115,7 @@ int tdev_open(const tdev_config_t *cfg, tdev_t **out, char *err, size_t errlen);
  * Always releases the tdev_t. */
 int tdev_close(tdev_t *d, char *err, size_t errlen);
 /* Process exit: closes the driver backend and releases the primary
- * contexts the test layer retained (cuda); nothing for sim. */
+ * contexts the test layer retained (cuda); nothing for vdev. */
 void tdev_shutdown(void);
 
 const gm_backend_t *tdev_backend(tdev_t *d);
@@ -123,11 +123,11 @@ uintptr_t tdev_stream(tdev_t *d, int index);
 void tdev_counters(tdev_t *d, int device, tdev_counters_t *out);
 /* How many stream and context synchronize calls the driver has seen
  * (cuda: each completes the events recorded on that stream or context,
- * see stress.c); 0 on sim, whose stream_synchronize completes nothing. */
+ * see stress.c); 0 on vdev, whose stream_synchronize completes nothing. */
 long tdev_sync_calls(tdev_t *d);
 /* Mark every recorded event complete. */
 void tdev_complete_events(tdev_t *d);
-/* For events recorded from now on (cuda) / the next queries (sim). */
+/* For events recorded from now on (cuda) / the next queries (vdev). */
 void tdev_set_event_mode(tdev_t *d, int mode, int after_n);
 /* Replace the failure injection (fn = -1: none); the Nth-call count starts
  * again from here. code GM_EOOM or another GM_E* code. */

@@ -2,10 +2,10 @@
  * unit_main.c - entry point of the unit-test binary: runs every TEST()
  * linked in (see gmtest.h).
  *
- * Usage: unit [--backend=sim|cuda] [--expandable] [-l] [name-substring...]
+ * Usage: unit [--backend=virtual|cuda] [--expandable] [-l] [name-substring...]
  *             [--skip=substring...]
  *   --backend=cuda  run on the CUDA driver backend over the fake libcuda at
- *                   $GPUMEM_LIBCUDA (also GM_TEST_BACKEND=cuda); default sim.
+ *                   $GPUMEM_LIBCUDA (also GM_TEST_BACKEND=cuda); default virtual.
  *   --expandable    fixtures opened with default settings use expandable
  *                   segments (tests that pin a mode keep it).
  */

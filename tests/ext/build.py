@@ -5,13 +5,13 @@
 
     python tests/ext/build.py [--out DIR] [--cflags='-fsanitize=address'] [--force]
 
-_testext holds what only tests and benchmarks need: a simulated device with
-failure injection, counters and event modes (SimDevice, handed to
+_testext holds what only tests and benchmarks need: a virtual device with
+failure injection, counters and event modes (VirtualDevice, handed to
 gpumem._C.Allocator(device_backend=...)), the malloc+free timing loop
 (bench_pairs) and the memory-history thread helpers (hist_*). setup.py never
 builds it and wheels never ship it. It reaches gpumem._C only through the
 capsules _core_api and _hist_api, and compiles its own copy of the
-simulated device (csrc/device/sim.c, sim_memory.c and csrc/base/*.c).
+virtual device (csrc/device/vdev.c, vdev_memory.c and csrc/base/*.c).
 
 Compiled with $CC (default cc) as
 ``-shared -fPIC -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter
@@ -53,8 +53,8 @@ FLAGS = ("-shared", "-fPIC", "-std=c11", "-O2", "-g", "-D_GNU_SOURCE", "-Wall", 
          "-Wno-unused-parameter", "-fvisibility=hidden", "-pthread")
 SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
             "-fno-omit-frame-pointer", "-O1")
-# The simulated device's sources (csrc/device/).
-SIM_SOURCES = ("sim.c", "sim_memory.c")
+# The virtual device's sources (csrc/device/).
+VDEV_SOURCES = ("vdev.c", "vdev_call.c", "vdev_memory.c")
 # Headers of these layers can be included by the sources (directly or not).
 HEADER_LAYERS = ("base", "device", "core", "history", "python")
 
@@ -85,11 +85,11 @@ def _compiler_version(exe: str) -> str:
 
 
 def sources(ext_dir: Union[str, os.PathLike, None] = None) -> list:
-    """The .c files of one build: base, the simulated device, then tests/ext."""
+    """The .c files of one build: base, the virtual device, then tests/ext."""
     ext_dir = Path(ext_dir or HERE)
     native = [Path(p) for p in _layers().sources("base", root=str(CSRC))]
-    sim = [CSRC / "device" / name for name in SIM_SOURCES]
-    return native + sim + sorted(ext_dir.glob("*.c"))
+    vdev = [CSRC / "device" / name for name in VDEV_SOURCES]
+    return native + vdev + sorted(ext_dir.glob("*.c"))
 
 
 def _headers(ext_dir: Path) -> list:

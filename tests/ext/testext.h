@@ -5,8 +5,8 @@
  *
  * _testext reaches gpumem._C only through its published capsules: the core
  * API (csrc/python/core_api.h) and memory history's entry points
- * (csrc/history/hist.h, gm_hist_api_t). Its simulated device is its own
- * copy of csrc/device/sim.c and sim_memory.c, handed to gpumem._C.Allocator
+ * (csrc/history/hist.h, gm_hist_api_t). Its virtual device is its own
+ * copy of csrc/device/vdev*.c, handed to gpumem._C.Allocator
  * through device_backend= (GM_BACKEND_CAPSULE).
  */
 #ifndef GM_TESTEXT_H
@@ -23,8 +23,9 @@ extern const gm_core_api_t *tx_core;
 extern const gm_hist_api_t *tx_hist;
 
 /* Each file adds what it owns to the module. */
-int tx_sim_device_init(PyObject *module);
+int tx_virtual_device_init(PyObject *module);
 int tx_bench_init(PyObject *module);
 int tx_hist_threads_init(PyObject *module);
+int tx_trace_recorder_init(PyObject *module);
 
 #endif /* GM_TESTEXT_H */

@@ -43,7 +43,8 @@ PyMODINIT_FUNC PyInit__testext(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
         return NULL;
-    if (tx_sim_device_init(m) < 0 || tx_bench_init(m) < 0 || tx_hist_threads_init(m) < 0) {
+    if (tx_virtual_device_init(m) < 0 || tx_bench_init(m) < 0 || tx_hist_threads_init(m) < 0 ||
+        tx_trace_recorder_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,43 +1,43 @@
 /*
- * sim_device.c - _testext.SimDevice: a simulated device set of the test
- * module's own (its copy of csrc/device/sim*.c) with the controls tests need:
+ * virtual_device.c - _testext.VirtualDevice: a virtual device set of the test
+ * module's own (its copy of csrc/device/vdev*.c) with the controls tests need:
  * failure injection, call and byte counters, event completion modes.
  *
- *     dev = _testext.SimDevice(capacity=..., event_mode="never")
+ *     dev = _testext.VirtualDevice(capacity=..., event_mode="never")
  *     a = gpumem._C.Allocator(device_backend=dev)
  *     dev.set_failure("seg_alloc", nth=2); dev.counters(); dev.complete_events()
  *
- * Invariants: the device lives as long as the SimDevice object, which an
+ * Invariants: the device lives as long as the VirtualDevice object, which an
  * Allocator built on it keeps alive, so the backend outlives every core
  * that uses it; dev.gm_backend (a GM_BACKEND_CAPSULE capsule) owns nothing.
  * Lock order: allocator lock -> the simulator's mutex; nothing here takes
  * the allocator lock. Must not: free the device while a core may use it.
  */
-#include "device/sim.h"
+#include "device/vdev.h"
 #include "testext.h"
 
 typedef struct {
     PyObject_HEAD
-    gm_sim_t *sim;     /* set by __init__ (immutable after init) */
-    PyObject *capsule; /* GM_BACKEND_CAPSULE of sim's backend (immutable after init) */
-} SimDeviceObject;
+    gm_vdev_t *vdev;     /* set by __init__ (immutable after init) */
+    PyObject *capsule; /* GM_BACKEND_CAPSULE of vdev's backend (immutable after init) */
+} VirtualDeviceObject;
 
-static const char *const fn_names[GM_SIM_FN_COUNT] = {
+static const char *const fn_names[GM_VDEV_FN_COUNT] = {
     "seg_alloc", "seg_free", "event_create", "event_record", "event_query",
     "map",       "unmap",    "va_reserve"};
 
 static int parse_event_mode(PyObject *obj, int *mode) {
     if (!obj || obj == Py_None) {
-        *mode = GM_SIM_EVENTS_IMMEDIATE;
+        *mode = GM_VDEV_EVENTS_IMMEDIATE;
         return 0;
     }
     const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
     if (s && !strcmp(s, "immediate"))
-        *mode = GM_SIM_EVENTS_IMMEDIATE;
+        *mode = GM_VDEV_EVENTS_IMMEDIATE;
     else if (s && !strcmp(s, "never"))
-        *mode = GM_SIM_EVENTS_NEVER;
+        *mode = GM_VDEV_EVENTS_NEVER;
     else if (s && !strcmp(s, "after_n"))
-        *mode = GM_SIM_EVENTS_AFTER_N;
+        *mode = GM_VDEV_EVENTS_AFTER_N;
     else {
         PyErr_SetString(PyExc_ValueError,
                         "event_mode must be 'immediate', 'never' or 'after_n'");
@@ -46,17 +46,17 @@ static int parse_event_mode(PyObject *obj, int *mode) {
     return 0;
 }
 
-static int SimDevice_init(SimDeviceObject *self, PyObject *args, PyObject *kwargs) {
+static int VirtualDevice_init(VirtualDeviceObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"capacity",    "granularity", "mode", "num_devices",
                              "event_mode", "event_after_n", NULL};
-    gm_sim_config_t cfg;
-    gm_sim_config_default(&cfg);
+    gm_vdev_config_t cfg;
+    gm_vdev_config_default(&cfg);
     unsigned long long capacity = cfg.capacity, granularity = cfg.granularity;
     const char *mode = "virtual";
     PyObject *event_mode = NULL;
     int num_devices = cfg.num_devices, after_n = 0;
-    if (self->sim) {
-        PyErr_SetString(PyExc_RuntimeError, "SimDevice is already initialised");
+    if (self->vdev) {
+        PyErr_SetString(PyExc_RuntimeError, "VirtualDevice is already initialised");
         return -1;
     }
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|KKsiOi", kwlist, &capacity, &granularity,
@@ -67,67 +67,67 @@ static int SimDevice_init(SimDeviceObject *self, PyObject *args, PyObject *kwarg
     cfg.num_devices = num_devices;
     cfg.event_after_n = after_n;
     if (!strcmp(mode, "virtual"))
-        cfg.mode = GM_SIM_VIRTUAL;
+        cfg.mode = GM_VDEV_VIRTUAL;
     else if (!strcmp(mode, "host"))
-        cfg.mode = GM_SIM_HOST;
+        cfg.mode = GM_VDEV_HOST;
     else {
         PyErr_SetString(PyExc_ValueError, "mode must be 'virtual' or 'host'");
         return -1;
     }
     if (parse_event_mode(event_mode, &cfg.event_mode) < 0)
         return -1;
-    int rc = gm_sim_create(&cfg, &self->sim);
+    int rc = gm_vdev_create(&cfg, &self->vdev);
     if (rc) {
-        tx_core->raise_error(rc, "bad simulated device configuration (capacity, granularity "
+        tx_core->raise_error(rc, "bad virtual device configuration (capacity, granularity "
                                  "or mode)");
         return -1;
     }
-    self->capsule = PyCapsule_New((void *)gm_sim_backend(self->sim), GM_BACKEND_CAPSULE, NULL);
+    self->capsule = PyCapsule_New((void *)gm_vdev_backend(self->vdev), GM_BACKEND_CAPSULE, NULL);
     if (!self->capsule) {
-        gm_sim_destroy(self->sim);
-        self->sim = NULL;
+        gm_vdev_destroy(self->vdev);
+        self->vdev = NULL;
         return -1;
     }
     return 0;
 }
 
-static void SimDevice_dealloc(SimDeviceObject *self) {
+static void VirtualDevice_dealloc(VirtualDeviceObject *self) {
     Py_XDECREF(self->capsule);
-    if (self->sim)
-        gm_sim_destroy(self->sim);
+    if (self->vdev)
+        gm_vdev_destroy(self->vdev);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 #define READY(self)                                                               \
     do {                                                                          \
-        if (!(self)->sim) {                                                       \
-            PyErr_SetString(PyExc_RuntimeError, "SimDevice is not initialised"); \
+        if (!(self)->vdev) {                                                       \
+            PyErr_SetString(PyExc_RuntimeError, "VirtualDevice is not initialised"); \
             return NULL;                                                          \
         }                                                                         \
     } while (0)
 
-static PyObject *SimDevice_gm_backend(SimDeviceObject *self, void *closure) {
+static PyObject *VirtualDevice_gm_backend(VirtualDeviceObject *self, void *closure) {
     READY(self);
     return Py_NewRef(self->capsule);
 }
 
-static PyObject *SimDevice_complete_events(SimDeviceObject *self, PyObject *unused) {
+static PyObject *VirtualDevice_complete_events(VirtualDeviceObject *self, PyObject *unused) {
     READY(self);
-    gm_sim_complete_events(self->sim);
+    gm_vdev_complete_events(self->vdev);
     Py_RETURN_NONE;
 }
 
-static PyObject *SimDevice_set_event_mode(SimDeviceObject *self, PyObject *args) {
+static PyObject *VirtualDevice_set_event_mode(VirtualDeviceObject *self, PyObject *args) {
     PyObject *mode_obj;
     int n = 0, mode;
     READY(self);
     if (!PyArg_ParseTuple(args, "O|i", &mode_obj, &n) || parse_event_mode(mode_obj, &mode) < 0)
         return NULL;
-    gm_sim_set_event_mode(self->sim, mode, n);
+    gm_vdev_set_event_mode(self->vdev, mode, n);
     Py_RETURN_NONE;
 }
 
-static PyObject *SimDevice_set_failure(SimDeviceObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *VirtualDevice_set_failure(VirtualDeviceObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"fn", "nth", "code", "fail_above", NULL};
     const char *fn = NULL;
     long nth = 0;
@@ -137,25 +137,25 @@ static PyObject *SimDevice_set_failure(SimDeviceObject *self, PyObject *args, Py
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|zliK", kwlist, &fn, &nth, &code, &above))
         return NULL;
     int idx = -1;
-    for (int i = 0; fn && i < GM_SIM_FN_COUNT; i++)
+    for (int i = 0; fn && i < GM_VDEV_FN_COUNT; i++)
         if (!strcmp(fn, fn_names[i]))
             idx = i;
     if (fn && idx < 0)
         return tx_core->raise_error(GM_EINVAL, "unknown simulated function name");
-    gm_sim_set_failure(self->sim, idx, nth, code, (size_t)above);
+    gm_vdev_set_failure(self->vdev, idx, nth, code, (size_t)above);
     Py_RETURN_NONE;
 }
 
-static PyObject *SimDevice_counters(SimDeviceObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *VirtualDevice_counters(VirtualDeviceObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"device", NULL};
     int device = 0;
     READY(self);
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|i", kwlist, &device))
         return NULL;
-    gm_sim_counters_t c;
-    gm_sim_get_counters(self->sim, device, &c);
+    gm_vdev_counters_t c;
+    gm_vdev_get_counters(self->vdev, device, &c);
     PyObject *calls = PyDict_New();
-    for (int i = 0; calls && i < GM_SIM_FN_COUNT; i++) {
+    for (int i = 0; calls && i < GM_VDEV_FN_COUNT; i++) {
         PyObject *v = PyLong_FromLong(c.calls[i]);
         if (!v || PyDict_SetItemString(calls, fn_names[i], v) < 0) {
             Py_XDECREF(v);
@@ -173,42 +173,42 @@ static PyObject *SimDevice_counters(SimDeviceObject *self, PyObject *args, PyObj
                          c.live_reservations, "peak_used", (Py_ssize_t)c.peak_used);
 }
 
-static PyMethodDef SimDevice_methods[] = {
-    {"complete_events", (PyCFunction)SimDevice_complete_events, METH_NOARGS,
+static PyMethodDef VirtualDevice_methods[] = {
+    {"complete_events", (PyCFunction)VirtualDevice_complete_events, METH_NOARGS,
      "Mark every recorded event complete."},
-    {"set_event_mode", (PyCFunction)SimDevice_set_event_mode, METH_VARARGS,
+    {"set_event_mode", (PyCFunction)VirtualDevice_set_event_mode, METH_VARARGS,
      "set_event_mode(mode, n=0): 'immediate', 'never' or 'after_n' (n queries not ready)."},
-    {"set_failure", (PyCFunction)(void (*)(void))SimDevice_set_failure,
+    {"set_failure", (PyCFunction)(void (*)(void))VirtualDevice_set_failure,
      METH_VARARGS | METH_KEYWORDS,
      "set_failure(fn=None, nth=0, code=GM_EOOM, fail_above=0): make call nth of fn fail "
      "(fn=None: none), and seg_alloc/map above fail_above bytes (0: off)."},
-    {"counters", (PyCFunction)(void (*)(void))SimDevice_counters, METH_VARARGS | METH_KEYWORDS,
+    {"counters", (PyCFunction)(void (*)(void))VirtualDevice_counters, METH_VARARGS | METH_KEYWORDS,
      "counters(device=0) -> calls per function, live bytes and objects, peak_used."},
     {NULL, NULL, 0, NULL}};
 
-static PyGetSetDef SimDevice_getset[] = {
-    {"gm_backend", (getter)SimDevice_gm_backend, NULL,
+static PyGetSetDef VirtualDevice_getset[] = {
+    {"gm_backend", (getter)VirtualDevice_gm_backend, NULL,
      "The device's gm_backend_t, as a '" GM_BACKEND_CAPSULE "' capsule "
      "(gpumem._C.Allocator(device_backend=...))",
      NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-static PyTypeObject SimDeviceType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_testext.SimDevice",
-    .tp_basicsize = sizeof(SimDeviceObject),
+static PyTypeObject VirtualDeviceType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_testext.VirtualDevice",
+    .tp_basicsize = sizeof(VirtualDeviceObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "SimDevice(capacity=80GiB, granularity=2MiB, mode='virtual', num_devices=1, "
-              "event_mode='immediate', event_after_n=0): a simulated device set for "
+    .tp_doc = "VirtualDevice(capacity=80GiB, granularity=2MiB, mode='virtual', num_devices=1, "
+              "event_mode='immediate', event_after_n=0): a virtual device set for "
               "gpumem._C.Allocator(device_backend=...), with test controls.",
     .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)SimDevice_init,
-    .tp_dealloc = (destructor)SimDevice_dealloc,
-    .tp_methods = SimDevice_methods,
-    .tp_getset = SimDevice_getset,
+    .tp_init = (initproc)VirtualDevice_init,
+    .tp_dealloc = (destructor)VirtualDevice_dealloc,
+    .tp_methods = VirtualDevice_methods,
+    .tp_getset = VirtualDevice_getset,
 };
 
-int tx_sim_device_init(PyObject *module) {
-    if (PyType_Ready(&SimDeviceType) < 0)
+int tx_virtual_device_init(PyObject *module) {
+    if (PyType_Ready(&VirtualDeviceType) < 0)
         return -1;
-    return PyModule_AddObjectRef(module, "SimDevice", (PyObject *)&SimDeviceType);
+    return PyModule_AddObjectRef(module, "VirtualDevice", (PyObject *)&VirtualDeviceType);
 }
