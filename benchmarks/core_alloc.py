@@ -71,13 +71,17 @@ print(json.dumps({"trace_events": events, "replay_ops": n,
 
 
 def build_pairs(tree: Path, out_dir: Path) -> Path:
-    """Compile pairs.c against tree/csrc (whatever of base/, device/, core/ it has)."""
+    """Compile tree's own pairs.c against tree/csrc (whatever of base/, device/, core/
+    it has): the device's names are the tree's (main before issue 28 had gm_sim_*)."""
     csrc = tree / "csrc"
+    pairs_c = tree / "benchmarks" / "c" / "pairs.c"
+    if not pairs_c.is_file():
+        pairs_c = PAIRS_C
     sources = [str(p) for layer in ("base", "device", "core")
                for p in sorted((csrc / layer).glob("*.c"))]
     exe = out_dir / "pairs"
     cc = os.environ.get("CC", "cc").split()
-    subprocess.run(cc + CFLAGS + ["-I", str(csrc), str(PAIRS_C), *sources, "-o", str(exe),
+    subprocess.run(cc + CFLAGS + ["-I", str(csrc), str(pairs_c), *sources, "-o", str(exe),
                                   "-lpthread", "-ldl"], check=True)
     return exe
 

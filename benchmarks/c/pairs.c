@@ -3,9 +3,10 @@
  * timed in C on the virtual device (benchmarks/core_alloc.py builds and
  * runs it).
  *
- * Uses only the public API (core/gm_alloc.h, device/vdev.h), so the same
- * file builds against an older tree of gpumem too, and both builds can be
- * compared in one run.
+ * Uses only the public API (core/gm_alloc.h, device/vdev.h). With
+ * --baseline, core_alloc.py builds each tree's own copy of this file
+ * against that tree (before issue 28 the virtual device was device/sim.h,
+ * gm_sim_*), so both builds can be compared in one run.
  *
  *   pairs SIZE BATCHES PER_BATCH
  * prints one line per batch: nanoseconds per pair.
