@@ -7,8 +7,9 @@ Inside core/ each concept has its own header, and the graph of which file
 includes which concept's header must have no cycle: a .c file includes only
 the headers of what it calls, so this is the core's call graph, and it runs
 one way. The same holds for the files of every layer of the extension, read
-from the objects' defined and undefined symbols (nm). And no .c, .cpp or .h file of any of these layers is over 500
-lines: one that grows past that holds more than one concept and is split.
+from the objects' defined and undefined symbols (nm). And no .c, .cpp or .h
+file of any of these layers is over 500 lines: one that grows past that holds
+more than one concept and is split.
 """
 
 import concurrent.futures

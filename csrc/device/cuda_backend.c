@@ -177,7 +177,8 @@ int gm_cuda_open(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
     }
     if (r != CUDA_SUCCESS) {
         gm_cuda_fail(c, step, r);
-        snprintf(err, errlen, "the CUDA driver (%s) did not initialise: %s", path, gm_cuda_last_error());
+        snprintf(err, errlen, "the CUDA driver (%s) did not initialise: %s", path,
+                 gm_cuda_last_error());
         gm_ptrmap_free(&c->handles);
         free(c);
         return GM_EDEVICE;

@@ -29,7 +29,7 @@ int gm_vdev_inject(gm_vdev_t *s, gm_vdev_fn_t fn, size_t size) {
     long n = ++s->inject_calls[fn];
     if (s->cfg.fail_fn == (int)fn && s->cfg.fail_nth == n)
         return gm_vdev_set_error(s, s->cfg.fail_code ? s->cfg.fail_code : GM_EOOM,
-                                "injected failure");
+                                 "injected failure");
     if (s->cfg.fail_above && size > s->cfg.fail_above &&
         (fn == GM_VDEV_FN_SEG_ALLOC || fn == GM_VDEV_FN_MAP))
         return gm_vdev_set_error(s, GM_EOOM, "injected failure: size above limit");

@@ -208,7 +208,7 @@ int gm_vdev_seg_free(void *ctx, int device, uintptr_t ptr, size_t size) {
     used_t *u = find_used(d, ptr, 0);
     if (!u)
         GM_VDEV_LEAVE(s, gm_vdev_set_error(s, GM_EINVAL,
-                                         "free of an address that is not a live segment"));
+                                           "free of an address that is not a live segment"));
     size = u->size;
     put_space(s, d, ptr, size);
     drop_used(d, u);
@@ -262,11 +262,11 @@ int gm_vdev_va_free(void *ctx, int device, uintptr_t va, size_t size) {
     used_t *u = find_used(d, va, 1);
     if (!u || u->size != size)
         GM_VDEV_LEAVE(s, gm_vdev_set_error(s, GM_EINVAL,
-                                         "free of an address range that is not reserved"));
+                                           "free of an address range that is not reserved"));
     for (size_t k = 0; k < size / s->cfg.granularity; k++)
         if (u->mapped[k])
             GM_VDEV_LEAVE(s, gm_vdev_set_error(s, GM_ESTATE,
-                                             "address range still has mapped memory"));
+                                               "address range still has mapped memory"));
     put_space(s, d, va, size);
     drop_used(d, u);
     d->counters.bytes_reserved_va -= size;
@@ -287,7 +287,7 @@ int gm_vdev_map(void *ctx, int device, uintptr_t va, size_t size) {
     used_t *u = find_va(d, va, size);
     if (!u || size == 0 || (va - u->start) % g || size % g)
         GM_VDEV_LEAVE(s, gm_vdev_set_error(s, GM_EINVAL,
-                                         "map outside a reservation or not granule aligned"));
+                                           "map outside a reservation or not granule aligned"));
     size_t first = (va - u->start) / g, n = size / g;
     for (size_t k = first; k < first + n; k++)
         if (u->mapped[k])
@@ -313,12 +313,12 @@ int gm_vdev_unmap(void *ctx, int device, uintptr_t va, size_t size) {
     used_t *u = find_va(d, va, size);
     if (!u || size == 0 || (va - u->start) % g || size % g)
         GM_VDEV_LEAVE(s, gm_vdev_set_error(s, GM_EINVAL,
-                                         "unmap outside a reservation or not granule aligned"));
+                                           "unmap outside a reservation or not granule aligned"));
     size_t first = (va - u->start) / g, n = size / g;
     for (size_t k = first; k < first + n; k++)
         if (!u->mapped[k])
             GM_VDEV_LEAVE(s, gm_vdev_set_error(s, GM_ESTATE,
-                                             "unmap of memory that is not mapped"));
+                                               "unmap of memory that is not mapped"));
     memset(u->mapped + first, 0, n);
     if (s->cfg.mode == GM_VDEV_HOST)
         madvise((void *)va, size, MADV_DONTNEED); /* contents are gone, as on a GPU */

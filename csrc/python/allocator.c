@@ -92,7 +92,7 @@ static int init_external(AllocatorObject *self, PyObject *obj, const gm_settings
 }
 
 static int init_vdev(AllocatorObject *self, const gm_vdev_config_t *cfg, const gm_settings_t *s,
-                    int device) {
+                     int device) {
     if (device < 0 || device >= cfg->num_devices) {
         PyErr_SetString(PyExc_ValueError, "device must be in [0, num_devices)");
         return -1;

@@ -127,7 +127,8 @@ static PyObject *VirtualDevice_set_event_mode(VirtualDeviceObject *self, PyObjec
     Py_RETURN_NONE;
 }
 
-static PyObject *VirtualDevice_set_failure(VirtualDeviceObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *VirtualDevice_set_failure(VirtualDeviceObject *self, PyObject *args,
+                                           PyObject *kwargs) {
     static char *kwlist[] = {"fn", "nth", "code", "fail_above", NULL};
     const char *fn = NULL;
     long nth = 0;
@@ -146,7 +147,8 @@ static PyObject *VirtualDevice_set_failure(VirtualDeviceObject *self, PyObject *
     Py_RETURN_NONE;
 }
 
-static PyObject *VirtualDevice_counters(VirtualDeviceObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *VirtualDevice_counters(VirtualDeviceObject *self, PyObject *args,
+                                        PyObject *kwargs) {
     static char *kwlist[] = {"device", NULL};
     int device = 0;
     READY(self);

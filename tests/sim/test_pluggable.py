@@ -115,8 +115,8 @@ def pluggable_lib(tmp_path_factory):
     src = d / "gm_pluggable.c"
     src.write_text(PLUGGABLE_C)
     lib = d / "libgm_pluggable.so"
-    sources = layers.sources("base", "core") + [ROOT / "csrc" / "device" / name
-                                                for name in ("cuda_backend.c", "cuda_call.c", "cuda_vmm.c")]
+    sources = layers.sources("base", "core") + [
+        ROOT / "csrc" / "device" / name for name in ("cuda_backend.c", "cuda_call.c", "cuda_vmm.c")]
     cmd = CC + ["-shared", "-fPIC", "-std=gnu11", "-O1", "-g", "-D_GNU_SOURCE",
                 "-I", str(ROOT / "csrc"), str(src), *map(str, sources), "-o", str(lib),
                 "-lpthread", "-ldl"]
