@@ -155,7 +155,8 @@ def clone(tmp_path_factory) -> tuple[Path, dict]:
             shutil.copy2(src, dst / name)
     for built in list((ROOT / "gpumem").glob("_C*.so")):
         shutil.copy2(built, dst / "gpumem" / built.name)
-    shutil.copytree(ROOT / "gpumem" / "_sim", dst / "gpumem" / "_sim", dirs_exist_ok=True)
+    lib = Path("gpumem", "sim", "_lib")
+    shutil.copytree(ROOT / lib, dst / lib, dirs_exist_ok=True)
     shared = ROOT.parent / "shared"
     if shared.is_dir():
         (base / "shared").symlink_to(shared)

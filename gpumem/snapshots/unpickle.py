@@ -21,7 +21,7 @@ Rationale: summary, diff, view and replay run on files from anywhere; a
 Approach, in the order the loader works:
   - only a regular file is read (a FIFO would block, /dev/zero never ends),
     opened without blocking, and at most Limits.max_bytes (2 GiB) of it;
-  - the opcodes are walked before unpickling (gpumem._pickle_scan): a memo
+  - the opcodes are walked before unpickling (gpumem.snapshots.pickle_scan): a memo
     store to an index beyond the stores made so far is refused;
   - the records the commands walk are counted, each reference to a shared
     list counted again, from list lengths (no walk): segments, blocks,
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from gpumem._atomic import kind_of
-from gpumem._pickle_scan import memo_bomb
+from gpumem.snapshots.pickle_scan import memo_bomb
 
 __all__ = ["SnapshotError", "Limits", "load_snapshot", "loads_snapshot", "normalize_snapshot",
            "records_limit", "short_int", "gc_paused", "MAX_BYTES", "RECORD_BYTES", "MIN_RECORDS"]

@@ -4,7 +4,7 @@
 csrc/device/cuda_backend.c) through six steps, each on allocators of its
 own, and checks every figure twice: against what PyTorch's caching rules
 say the allocator must hold (sizes, splits, reuse), and against what the
-driver itself reports through cuMemGetInfo, read by gpumem._cudadriver (a
+driver itself reports through cuMemGetInfo, read by gpumem.checkup.cudadriver (a
 path that shares nothing with the backend).  Each step ends by destroying
 its allocators and checking that the device is back where it started.
 
@@ -48,7 +48,7 @@ import time
 from typing import Any, Callable, Optional
 
 from gpumem import _C
-from gpumem._cudadriver import Driver, DriverError
+from gpumem.checkup.cudadriver import Driver, DriverError
 from gpumem._format import format_bytes
 
 __all__ = ["run", "STEPS", "REAL_TOLERANCE", "StepFailed"]
@@ -281,7 +281,7 @@ def run(device: int = 0, *, driver: Optional[Driver] = None,
         make_allocator: Optional[Callable[..., Any]] = None) -> dict[str, Any]:
     """Run every step on `device`; never raises for a failing step.
 
-    driver: the gpumem._cudadriver.Driver to check against (default: a new
+    driver: the gpumem.checkup.cudadriver.Driver to check against (default: a new
     one, initialised).  make_allocator: what creates the allocators
     (default gpumem._C.Allocator; called with backend, device and settings).
     Returns {"device", "ok", "seconds", "tolerance", "steps"}, where each

@@ -56,8 +56,11 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._conf import ConfError, conf_from_snapshot_settings, default_conf, format_conf, parse_conf
-from ._unpickle import Limits, SnapshotError, load_snapshot, normalize_snapshot, short_int
+from gpumem._conf import (ConfError, conf_from_snapshot_settings, default_conf, format_conf,
+                          parse_conf)
+from gpumem.snapshots.timeline import end_blocks
+from gpumem.snapshots.unpickle import (Limits, SnapshotError, load_snapshot, normalize_snapshot,
+                                       short_int)
 
 __all__ = ["ReplayError", "DeviceOps", "build_ops", "replay_device", "replay_snapshot",
            "replay_file", "traced_devices", "round_size", "recorded_conf", "NO_TRACE_NOTE",
@@ -119,17 +122,6 @@ class DeviceOps:
         sizes = array("Q", (op[2] for op in self.ops))
         streams = array("Q", (op[3] & _U64 for op in self.ops))
         return actions, addrs, sizes, streams
-
-
-def _segment_blocks(snapshot: dict, device: int):
-    """(address, block, segment) for every block of the device's segments."""
-    for seg in snapshot["segments"]:
-        if seg["device"] != device:
-            continue
-        addr = seg["address"]
-        for block in seg.get("blocks", []):
-            yield addr, block, seg
-            addr += block["size"]
 
 
 def _request(size: int, limit: int, name: str, where: str) -> int:
@@ -222,7 +214,7 @@ def build_ops(snapshot: dict, device: int, name: str = "snapshot") -> DeviceOps:
             out.skipped_events += 1
 
     from_segments = 0
-    for addr, block, seg in _segment_blocks(snapshot, device):
+    for addr, block, seg in end_blocks(snapshot, device):
         if block["state"] in _ACTIVE_STATES and addr not in seen:
             req = block.get("requested_size", 0)
             size = _request(req if req > 0 else block["size"], limit, name,
@@ -269,7 +261,7 @@ def _import_c():
 
 def _load_c():
     try:
-        from . import _C  # noqa: PLC0415 - the extension is optional until replay runs
+        from gpumem import _C  # noqa: PLC0415 - the extension is optional until replay runs
     except ImportError as e:
         raise ReplayError(
             f"the compiled extension gpumem._C is not available ({e}); build it with "

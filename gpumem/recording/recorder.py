@@ -36,7 +36,7 @@ are written when both apply, except under ``gpumem simulate``, whose own
 directory only gets the OOMs no recorder writes).  At most
 MAX_OOM_SNAPSHOTS are written per process (a script that retries smaller
 batches after each OOM would otherwise write one per try).  The hook, the
-GPUMEM_OOM_SNAPSHOT directory and the cap are gpumem._oom's, which
+GPUMEM_OOM_SNAPSHOT directory and the cap are gpumem.recording.oom's, which
 gpumem.install() sets up; rank numbers are gpumem._rank's.
 
 Decisions (Note [Recorder rules]):
@@ -69,9 +69,10 @@ import time
 import traceback
 from typing import Any, Optional
 
-from gpumem import _oom, _torch, history
-from gpumem._oom import (ENV_OOM_RECORDING, ENV_OOM_SNAPSHOT, MAX_OOM_SNAPSHOTS,
-                         oom_snapshots_written, parse_oom_recording)
+from gpumem.recording import oom as _oom, history
+from gpumem.pytorch import installer as _torch
+from gpumem.recording.oom import (ENV_OOM_RECORDING, ENV_OOM_SNAPSHOT, MAX_OOM_SNAPSHOTS,
+                                  oom_snapshots_written, parse_oom_recording)
 from gpumem._rank import current_rank, rank_path
 
 __all__ = ["record", "Recorder", "RecordError", "current_rank", "rank_path", "active_recorder",
@@ -101,7 +102,7 @@ def _caller() -> str:
 # ---------------------------------------------------------------- backends
 
 class _GpumemBackend:
-    """gpumem's own history (gpumem.history)."""
+    """gpumem's own history (gpumem.recording.history)."""
 
     name = "gpumem"
 
@@ -396,7 +397,7 @@ def record(path: str | os.PathLike[str] = "memory.pickle", *, max_entries: int =
         written and recording stops.
     dump_on_oom: write <path stem>_oom.pickle when an allocation fails with
         out of memory inside the block (before the exception reaches Python).
-    categories: note what each allocation is for (gpumem.categories); under
+    categories: note what each allocation is for (gpumem.categories.tagger); under
         torch's own recorder (see below) there are none.
 
     Returns a Recorder (use it in a with statement, or call start()/stop()).

@@ -21,7 +21,7 @@ tensor (Note [Categories at a few calls per step]):
   has stepped), and those live when a snapshot is taken;
 - optimizer_state: the tensors in ``optimizer.state`` after an optimizer's
   first step (again when its state grows, and at a snapshot);
-- the rest from the phase, when the snapshot is taken (gpumem._categorize):
+- the rest from the phase, when the snapshot is taken (gpumem.categories.classify):
   an activation is allocated in forward and still alive when the next
   backward starts, a temporary is freed before.
 
@@ -41,7 +41,7 @@ Rationale: torch calls a global module hook on every module call (and sends
 Approach: mark the phases (one call at each boundary), tag the few tensors
   torch names (parameters, gradients, state) in bulk at those boundaries and
   at the snapshot, and decide activation against temporary from when the
-  allocation is freed (gpumem._categorize), not from autograd's hooks.
+  allocation is freed (gpumem.categories.classify), not from autograd's hooks.
 Limitations: a tensor kept alive from forward into backward that autograd
   did not save is an activation; a loop with no backward and no optimizer
   marks forward only once (its first module call); optimizer state that a
@@ -58,8 +58,8 @@ import weakref
 from typing import Any, Callable, Iterable, Optional
 
 from gpumem import _C
-from gpumem._categorize import (CATEGORIES, PHASES, TABLE_KEY, block_categories,
-                                resolve_device)
+from gpumem.categories.classify import (CATEGORIES, PHASES, TABLE_KEY, block_categories,
+                                        resolve_device)
 
 __all__ = ["enable", "disable", "enabled", "table", "TABLE_KEY", "CATEGORIES", "PHASES",
            "CategoriesError"]

@@ -4,7 +4,7 @@
     gpumem.install()          # before the first CUDA tensor
 
 From then on every CUDA tensor's memory comes from gpumem's C core, through
-the torch shim (csrc/torch, built on first use by gpumem._shim_build).  The
+the torch shim (csrc/torch, built on first use by gpumem.pytorch.shim_build).  The
 shim registers with torch through ``torch.cuda.memory.CUDAPluggableAllocator``
 and ``change_current_allocator``; unlike a plain pluggable allocator it
 raises torch.OutOfMemoryError, honours record_stream, and answers
@@ -24,7 +24,7 @@ is refused at install() with torch's message (AllocConfError, a
 ValueError); a key gpumem does not honour gets a one-line warning.
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 turns caching off, as it does for torch.
 
-install() also sets the shim's OOM hook (gpumem._oom, for gpumem.record): with
+install() also sets the shim's OOM hook (gpumem.recording.oom, for gpumem.record): with
 GPUMEM_OOM_SNAPSHOT=/dir set, every out-of-memory error of the process
 writes a snapshot into /dir before the exception reaches Python, and
 recording starts (if it is off) so that the snapshot has a history.
@@ -38,9 +38,10 @@ import sys
 import threading
 from typing import Any, Mapping, Optional
 
-from gpumem import _oom, _shim_state
+from gpumem.recording import oom as _oom
+from gpumem.pytorch import shim_state as _shim_state
 from gpumem._conf import ConfError, KEYS as CONF_KEYS, parse_conf
-from gpumem._shim_state import is_installed, shim
+from gpumem.pytorch.shim_state import is_installed, shim
 
 __all__ = ["InstallError", "TorchMissingError", "install", "is_installed", "uninstall_patches",
            "patches_applied", "settings_in_effect", "check_environment", "shim", "PATCHED",
@@ -224,13 +225,13 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
     Calling it again is harmless.  Raises TorchMissingError without a CUDA
     build of torch, AllocConfError for bad settings, and InstallError once
     torch's own CUDA allocator is in use.  The first call may build the
-    torch shim (gpumem._shim_build) into the per-torch cache.
+    torch shim (gpumem.pytorch.shim_build) into the per-torch cache.
     """
     with _lock:
         if _shim_state.loaded() is None:
             torch = _import_torch()
             _check_oom_recording()  # refused before anything is swapped in
-            from gpumem import _shim_build
+            from gpumem.pytorch import shim_build as _shim_build
             loaded = sys.modules.get(_shim_build.MODULE_NAME)
             if torch.cuda.is_initialized() and not (loaded and loaded.is_current()):
                 raise _not_initialised_error()  # before spending time on the shim
@@ -272,7 +273,8 @@ def settings_in_effect() -> tuple[dict, str]:
 # ------------------------------------------------------------- patching
 
 def _patch_table() -> dict[str, Any]:
-    from gpumem import history, stats
+    from gpumem.recording import history
+    from gpumem.pytorch import stats
     return {
         "memory_stats": stats.memory_stats,
         "memory_allocated": stats.memory_allocated,

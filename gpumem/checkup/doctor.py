@@ -10,7 +10,7 @@ driver backend loads, torch's version and CUDA build, whether the torch
 shim is built for this torch (and where), whether a C++ compiler, ninja and
 the CUDA headers are there to build it, and which of gpumem's settings are
 in force.  When a GPU is present it then runs the driver backend's
-self-test on one device (gpumem._selftest: allocate, free, split,
+self-test on one device (gpumem.checkup.selftest: allocate, free, split,
 expandable growth and shrink, cross-stream free with events, out of memory
 at the device's real limit, each checked against cuMemGetInfo; well under
 ten seconds) and ends with a verdict.
@@ -37,11 +37,14 @@ import sys
 import warnings
 from typing import Any
 
-from gpumem import _C, _oom, _shim_build, _selftest
+from gpumem import _C
+from gpumem.recording import oom as _oom
+from gpumem.pytorch import shim_build as _shim_build
+from gpumem.checkup import selftest as _selftest
 from gpumem._conf import ConfError, format_conf
-from gpumem._cudadriver import Driver, DriverError, probe, version_text
+from gpumem.checkup.cudadriver import Driver, DriverError, probe, version_text
 from gpumem._format import format_bytes
-from gpumem._torch import AllocConfError, _read_settings
+from gpumem.pytorch.installer import AllocConfError, _read_settings
 
 __all__ = ["doctor", "format_report", "add_arguments", "run", "HELP", "EXIT_OK", "EXIT_FAIL",
            "EXIT_NO_GPU"]

@@ -4,7 +4,7 @@ innermost frame of the user's own code (file:line:function).
 StackTable interns frame lists by object identity (a snapshot shares
 identical stacks, and torch and gpumem share identical frames) and gives
 each stack its site: the innermost Python frame outside the library code
-(gpumem/_origin.py decides what that is, by where a file lives), labelled
+(gpumem/snapshots/origin.py decides what that is, by where a file lives), labelled
 "(via <package frame>)" when an installed package called torch on the
 user's behalf; stacks with only library frames keep their innermost frame
 with "(library code only)"; C++-only stacks are named by their autograd node
@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ._origin import is_library_file, is_package_file
-from ._unpickle import short_int
+from gpumem.snapshots.origin import is_library_file, is_package_file
+from gpumem.snapshots.unpickle import short_int
 
 __all__ = ["StackTable", "frame_fields", "is_python_frame", "is_noise_frame", "format_frame",
            "opt_int", "text_of", "U64"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpumem._format import format_bytes
 from gpumem._rank import rank_of_path as _rank
-from gpumem._unpickle import Limits, SnapshotError, gc_paused, load_snapshot
+from gpumem.snapshots.unpickle import Limits, SnapshotError, gc_paused, load_snapshot
 
 __all__ = ["snapshot_files", "summarize_folder", "summary_lines"]
 
@@ -57,7 +57,7 @@ def _largest(snap: dict, dev: int) -> int:
 
 def summarize_folder(folder: str, limits: Limits) -> dict[str, Any]:
     """Rows for every readable snapshot in folder, and the files skipped (JSON-ready)."""
-    from gpumem.analysis import summarize
+    from gpumem.snapshots.summary import summarize
     rows, skipped = [], []
     for path in snapshot_files(folder):
         name = os.path.basename(path)

@@ -27,7 +27,7 @@ def _oom_time(path: str) -> float:
     """When the allocation of an OOM snapshot failed, in seconds since the epoch: its
     last "oom" trace event's time, else the file's modification time."""
     try:
-        from gpumem._unpickle import load_snapshot
+        from gpumem.snapshots.unpickle import load_snapshot
         snap = load_snapshot(path)
         times = [e.get("time_us") for trace in snap.get("device_traces") or []
                  for e in trace if isinstance(e, dict) and e.get("action") == "oom"]

@@ -1,5 +1,5 @@
 """Categories of recorded allocations: the table a snapshot carries, worked out
-from the event trace and what the torch hooks (gpumem.categories) noted.
+from the event trace and what the torch hooks (gpumem.categories.tagger) noted.
 
 Pure Python, no torch: it takes one device's events, the number of its oldest
 event in the ring's numbering (``_C._hist_seq``), the tags noted while

@@ -37,7 +37,16 @@ Options (also environment variables the fakes read, set by the launcher):
 
 Where the libraries come from: $GPUMEM_SIM_LIB_DIR if set; else, in a
 source checkout, build/sim/ (built on demand from csrc/sim with ``cc`` and
-kept up to date); else gpumem/_sim/ (built by setup.py at install time).
+kept up to date); else gpumem/sim/_lib/ (built by setup.py at install time).
+
+The launcher's modules, bottom to top:
+  gpus         the GPU models --gpu names (memory size, compute capability)
+  __init__     this module: the environment and the launcher, run_snippet
+  torchrun     --nproc-per-node: the elastic launcher's command, the device count
+  rank_report  the per-rank lines of gpumem simulate's report
+  child        what runs inside each Python process of a gpumem simulate run
+  command      gpumem simulate: run a script, report its peak, write the snapshot
+  __main__     python -m gpumem.sim
 """
 
 from __future__ import annotations
@@ -56,7 +65,8 @@ __all__ = ["SimError", "lib_dir", "libraries", "sim_env", "run_snippet", "main",
            "CUDA_MAJOR"]
 
 CUDA_MAJOR = 13
-PKG_DIR = Path(__file__).resolve().parent
+SIM_DIR = Path(__file__).resolve().parent
+PKG_DIR = SIM_DIR.parent
 SOURCE_ROOT = PKG_DIR.parent
 SIM_SOURCES = SOURCE_ROOT / "csrc" / "sim"
 
@@ -133,10 +143,10 @@ def lib_dir(cuda_major: int = CUDA_MAJOR, *, build: bool = True) -> Path:
             raise SimError(f"building the simulator's libraries failed: {exc}") from exc
         _checked[cuda_major] = out
         return out
-    installed = PKG_DIR / "_sim"
+    installed = SIM_DIR / "_lib"
     if _complete(installed, cuda_major):
         return installed
-    raise SimError("the simulator's libraries are not installed (gpumem/_sim is missing; "
+    raise SimError("the simulator's libraries are not installed (gpumem/sim/_lib is missing; "
                    "reinstall gpumem with a C compiler available, or set GPUMEM_SIM_LIB_DIR)")
 
 
@@ -156,7 +166,7 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
     memory holds no data: copies to the device store nothing, copies back
     yield zeros), False sets it to 0; None leaves the environment's value.
 
-    gpu: a GPU model of gpumem.sim_gpus (default H100-SXM-80GB, unless
+    gpu: a GPU model of gpumem.sim.gpus (default H100-SXM-80GB, unless
     GPUMEM_SIM_GPU is already set); its memory is the default for
     ``memory``, and its context memory is charged when CUDA initialises
     (GPUMEM_SIM_CONTEXT_MEMORY overrides it).
@@ -178,7 +188,7 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
     # (triton/backends/nvidia/driver.py, libcuda_dirs()); a user's own
     # setting wins.
     env.setdefault("TRITON_LIBCUDA_PATH", env["GPUMEM_SIM_LIB_DIR"])
-    from gpumem import sim_gpus
+    from gpumem.sim import gpus as sim_gpus
     if gpu is not None:
         try:
             model = sim_gpus.lookup(gpu)
@@ -231,7 +241,7 @@ def run_snippet(code: str, *, memory: Union[str, int, None] = "80GiB", devices: 
 
 
 def _gpu_names() -> List[str]:
-    from gpumem import sim_gpus
+    from gpumem.sim import gpus as sim_gpus
     return list(sim_gpus.MODELS)
 
 
@@ -285,7 +295,3 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"gpumem.sim: error: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
     return 0  # not reached
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,15 +1,15 @@
 """Snapshots at out of memory: the shim's OOM hook and GPUMEM_OOM_SNAPSHOT.
 
-gpumem.install() (gpumem._torch) calls down here: ``check_env()`` refuses a
+gpumem.install() (gpumem.pytorch.installer) calls down here: ``check_env()`` refuses a
 bad GPUMEM_OOM_RECORDING before anything is swapped in, and
 ``install_hook(shim)`` sets the shim's OOM hook (Note [OOM hook] in
 csrc/torch/gm_torch_module.cpp) and arms GPUMEM_OOM_SNAPSHOT.  An
 allocation that fails then writes one snapshot, to every target that
 applies: the active gpumem.record() recorder with ``dump_on_oom`` (next to
 its file) and the GPUMEM_OOM_SNAPSHOT directory; the rules are in
-gpumem.record's docstring, which is where users read them.
+gpumem.recording.recorder's docstring, which is where users read them.
 
-This module sits below gpumem.record, so it does not import it: gpumem.record
+This module sits below gpumem.recording.recorder, so it does not import it: the recorder
 registers the function that returns its active recorder
 (``set_recorder_lookup``) when it is imported.  What is used of a recorder:
 ``dump_on_oom``, ``_oom_path()``, the lists ``written`` and
@@ -29,7 +29,7 @@ import time
 import traceback
 from typing import Any, Callable, Mapping, Optional
 
-from gpumem import history
+from gpumem.recording import history
 from gpumem._conf import ConfError, parse_uint
 from gpumem._rank import rank_path
 
@@ -61,11 +61,12 @@ def _no_recorder() -> Any:
     return None
 
 
-_active_recorder: Callable[[], Any] = _no_recorder   # gpumem.record's active_recorder
+_active_recorder: Callable[[], Any] = _no_recorder   # the recorder module's active_recorder
 
 
 def set_recorder_lookup(active_recorder: Callable[[], Any]) -> None:
-    """Called by gpumem.record: the function that returns its active recorder or None."""
+    """Called by gpumem.recording.recorder: the function that returns its active
+    recorder or None."""
     global _active_recorder
     _active_recorder = active_recorder
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from gpumem._shim_state import shim as _shim
+from gpumem.pytorch.shim_state import shim as _shim
 
 __all__ = ["memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
            "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
@@ -134,7 +134,7 @@ def memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list
     only the segments of that private pool, as torch returns them.
     """
     _shim()
-    from gpumem.history import snapshot
+    from gpumem.recording.history import snapshot
     segments = snapshot()["segments"]
     if mempool_id is None or tuple(mempool_id) == (0, 0):
         return segments

@@ -65,7 +65,7 @@ def _local_places() -> tuple[tuple[str, ...], tuple[str, ...]]:
     global _local
     if _local is not None:
         return _local
-    packages = {_folder(os.path.dirname(os.path.abspath(__file__)))}   # this gpumem
+    packages = {_folder(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}  # gpumem/
     for name in LIBRARY_PACKAGES:
         module = sys.modules.get(name)
         places = list(getattr(module, "__path__", None) or [])

@@ -64,8 +64,8 @@ def source_dir() -> Path:
     """csrc/ holding the shim's sources (a source checkout or an editable install)."""
     env = os.environ.get("GPUMEM_SHIM_SRC")
     candidates = [Path(env)] if env else []
-    here = Path(__file__).resolve().parent
-    candidates += [here.parent / "csrc", here / "_csrc"]
+    pkg = Path(__file__).resolve().parent.parent    # gpumem/
+    candidates += [pkg.parent / "csrc", pkg / "_csrc"]
     for c in candidates:
         if all((c / s).is_file() for s in _SOURCES + _HEADERS):
             return c
@@ -298,7 +298,7 @@ def _import(d: Path):
         loader.exec_module(module)
     except ImportError as e:
         raise ShimBuildError(f"gpumem's torch shim {path} did not load: {e}; rebuild it with "
-                             "gpumem._shim_build.build(force=True)") from e
+                             "gpumem.pytorch.shim_build.build(force=True)") from e
     sys.modules[MODULE_NAME] = module
     return module
 
@@ -311,7 +311,7 @@ def _verify(module) -> None:
         raise ShimBuildError(
             f"gpumem's torch shim reports torch {info['torch_version']} / core API "
             f"{info['core_api_version']}, but this process runs torch {torch.__version__} / core "
-            f"API {core}; rebuild it with gpumem._shim_build.build(force=True)")
+            f"API {core}; rebuild it with gpumem.pytorch.shim_build.build(force=True)")
 
 
 def build(verbose: bool = False, force: bool = False) -> Path:
@@ -351,8 +351,8 @@ def load(allow_build: bool | None = None, verbose: bool = False):
     if not ok:
         if not allow_build:
             raise ShimBuildError(f"{why}; gpumem will not load it. Build it with "
-                                 "gpumem._shim_build.build() (GPUMEM_SHIM_BUILD=0 is set, so "
-                                 "install() does not build it by itself)")
+                                 "gpumem.pytorch.shim_build.build() (GPUMEM_SHIM_BUILD=0 is "
+                                 "set, so install() does not build it by itself)")
         build(verbose=verbose)
     module = _import(d)
     _verify(module)
@@ -389,7 +389,7 @@ CLI_COMMAND = ("build gpumem's torch shim for the installed torch into its cache
                "torch and the sources are unchanged)", _add_cli_args, _run_cli)
 
 
-# python -m gpumem._shim_build [-v] [--force] [--check] [--prerequisites]
+# python -m gpumem.pytorch.shim_build [-v] [--force] [--check] [--prerequisites]
 if __name__ == "__main__":
     if "--prerequisites" in sys.argv:  # exit 3 and say why if a build is impossible here
         why = missing_prerequisite()
@@ -398,6 +398,6 @@ if __name__ == "__main__":
             sys.exit(3)
         sys.exit(0)
     import argparse
-    _parser = argparse.ArgumentParser(prog="python -m gpumem._shim_build")
+    _parser = argparse.ArgumentParser(prog="python -m gpumem.pytorch.shim_build")
     _add_cli_args(_parser)
     sys.exit(_run_cli(_parser.parse_args()))

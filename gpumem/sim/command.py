@@ -1,8 +1,8 @@
 """``gpumem simulate``: run a training script on the simulated GPU and report its memory.
 
     gpumem simulate [--gpu MODEL] [--memory 80GiB] [--devices N] [--out DIR] -- python train.py ...
-    gpumem simulate --nproc-per-node N [...] -- train.py ...   (N ranks: gpumem/_launch.py)
-    python -m gpumem.simulate ...                  (the same, without the gpumem command)
+    gpumem simulate --nproc-per-node N [...] -- train.py ...   (N ranks: gpumem/sim/torchrun.py)
+    python -m gpumem.sim.command ...                  (the same, without the gpumem command)
 
 The command runs on the simulator (gpumem.sim: PyTorch's own CUDA build over
 fake CUDA libraries, device memory that costs only what is touched) with
@@ -35,7 +35,7 @@ Limitations: ``python -S``/``-I``/``-E`` skip sitecustomize or PYTHONPATH, so
   a script may replace the recording settings with its own
   (gpumem.record(...) clears the history when it starts), but its calls
   that stop recording are ignored (Note [The script's own recording] in
-  gpumem/_simulate_child.py, where the child's side lives).
+  gpumem/sim/child.py, where the child's side lives).
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ import tempfile
 import time
 from typing import Any, Optional
 
-from gpumem import _launch, _rank_report
+from gpumem.sim import torchrun as _launch, rank_report as _rank_report
 from gpumem._format import format_bytes
-from gpumem._simulate_child import ENV_CATEGORIES, ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
+from gpumem.sim.child import ENV_CATEGORIES, ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
 
 __all__ = ["HELP", "LIMITS", "add_arguments", "run", "main"]
 
@@ -72,10 +72,10 @@ LIMITS = ("limits of the simulation: kernels compute nothing, so there are no nu
 
 
 _SITECUSTOMIZE = '''\
-# Written by `gpumem simulate` (gpumem/simulate.py, Note [Setting up the child]).
+# Written by `gpumem simulate` (gpumem/sim/command.py, Note [Setting up the child]).
 import os as _os, sys as _sys
 try:
-    from gpumem._simulate_child import _child_setup
+    from gpumem.sim.child import _child_setup
     _child_setup()
 except Exception as _e:
     _sys.stderr.write("gpumem simulate: cannot record in this process: %s\\n" % (_e,))
@@ -99,7 +99,7 @@ except Exception as _e:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``gpumem simulate`` (for cli.COMMANDS)."""
-    from gpumem import sim_gpus
+    from gpumem.sim import gpus as sim_gpus
     p.add_argument("--gpu", default=sim_gpus.DEFAULT, metavar="MODEL",
                    help="the GPU model each simulated GPU is: its name, SM count, compute "
                         "capability, shared memory, L2 and memory (default "
@@ -165,7 +165,7 @@ def _new_oom_files(out: str, since: float) -> list[str]:
 def _views(procs: list[dict], oom_files: list[str], out: str) -> dict[str, Any]:
     """The viewer page of each snapshot, in --out (gpumem view's write_view)."""
     try:
-        from gpumem.view import default_output, write_view
+        from gpumem.snapshots.view import default_output, write_view
     except ImportError as e:
         return {"error": f"the viewer is not available ({e})"}
     pages: dict[str, Any] = {}
@@ -180,10 +180,10 @@ def _views(procs: list[dict], oom_files: list[str], out: str) -> dict[str, Any]:
 
 def _equations(snapshots: list[str]) -> dict[str, Any]:
     """Per snapshot, per device: the estimation equation's terms, measured
-    (gpumem.category_report.equation_terms)."""
-    from gpumem import category_report
-    from gpumem._unpickle import load_snapshot
-    from gpumem.analysis import build_device, devices_of
+    (gpumem.categories.report.equation_terms)."""
+    from gpumem.categories import report as category_report
+    from gpumem.snapshots.unpickle import load_snapshot
+    from gpumem.snapshots.timeline import build_device, devices_of
     out: dict[str, Any] = {}
     for path in snapshots:
         try:
@@ -376,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
     except _launch.LaunchError as e:
         return _error(str(e))
     try:
-        from gpumem import sim_gpus
+        from gpumem.sim import gpus as sim_gpus
         try:
             model = sim_gpus.lookup(args.gpu)
         except ValueError as e:
@@ -390,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
     probe = dict(env_probe)
     probe.setdefault("GPUMEM_OOM_SNAPSHOT", args.out)
     try:  # what install() would refuse in the child is refused here, before running anything
-        from gpumem._torch import AllocConfError, check_environment
+        from gpumem.pytorch.installer import AllocConfError, check_environment
         check_environment(probe)
     except AllocConfError as e:
         return _error(f"{e}; nothing was run")
@@ -406,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
         stats_dir = os.path.join(boot, "stats")
         os.mkdir(stats_dir)
         env = env_probe
-        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         paths = [boot] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [pkg_root]
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env[ENV_OUT], env[ENV_STATS] = out, stats_dir
@@ -463,7 +463,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m gpumem.simulate ...``: the same as ``gpumem simulate ...``."""
+    """``python -m gpumem.sim.command ...``: the same as ``gpumem simulate ...``."""
     p = argparse.ArgumentParser(prog="gpumem simulate", description=HELP)
     add_arguments(p)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)

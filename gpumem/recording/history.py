@@ -23,9 +23,11 @@ import pickle
 import sys
 from typing import Any
 
-from gpumem import _C, _shim_state, categories as _categories
+from gpumem import _C
+from gpumem.pytorch import shim_state as _shim_state
+from gpumem.categories import tagger as _categories
 from gpumem._atomic import write_atomic
-from gpumem._conf import ConfError, settings_for_snapshot
+from gpumem._conf import ConfError, settings_for_snapshot, snapshot_settings_of
 
 __all__ = [
     "ACTIONS",
@@ -133,7 +135,7 @@ def record_memory_history(
     categories: also note what each allocation is for (parameter, gradient,
         optimizer state, activation, ...) through a few global torch hooks and
         wrappers of torch.autograd.backward and .grad, and add
-        the ``gpumem_categories`` table to snapshots (gpumem.categories);
+        the ``gpumem_categories`` table to snapshots (gpumem.categories.tagger);
         each call sets it anew, so a call without it turns categories off.
 
     Invalid values raise HistoryConfigError (a ValueError) with torch's text.
@@ -252,20 +254,7 @@ def _allocator_settings(settings: dict | None) -> dict:
     except ConfError:
         # Settings given to an Allocator directly need not follow the
         # PYTORCH_CUDA_ALLOC_CONF rules; report them as they are.
-        divs = conf["roundup_power2_divisions"]
-        return {
-            "PYTORCH_CUDA_ALLOC_CONF": "",
-            "max_split_size": conf["max_split_size"],
-            "garbage_collection_threshold": float(conf["garbage_collection_threshold"]),
-            "expandable_segments": bool(conf["expandable_segments"]),
-            "pinned_num_register_threads": 1,
-            "release_lock_on_cudamalloc": False,
-            "pinned_use_cuda_host_register": False,
-            "graph_capture_record_stream_reuse": False,
-            "max_round_threshold": -1,
-            "max_cached_size": -1,
-            "roundup_power2_divisions": {str(1 << i): d for i, d in enumerate(divs)},
-        }
+        return snapshot_settings_of(conf, "")
 
 
 def _annotations() -> list:

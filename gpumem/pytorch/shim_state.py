@@ -1,7 +1,7 @@
 """The torch shim that gpumem.install() loaded, and the settings it was created with.
 
-One home for that state, below everything that reads it: gpumem._torch
-sets it (once, under its lock); gpumem.stats and gpumem.simulate read it.
+One home for that state, below everything that reads it: gpumem.pytorch.installer
+sets it (once, under its lock); gpumem.pytorch.stats and gpumem.sim.command read it.
 Nothing here imports torch or the shim.
 """
 
@@ -17,7 +17,7 @@ _conf_source = ""                   # the variable they came from, or ''
 
 
 def set_loaded(module: Any, settings_: dict, source: str) -> None:
-    """Record the shim install() loaded (called by gpumem._torch under its lock)."""
+    """Record the shim install() loaded (called by gpumem.pytorch.installer under its lock)."""
     global _shim, _settings, _conf_source
     _shim, _settings, _conf_source = module, settings_, source
 

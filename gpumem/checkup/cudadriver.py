@@ -12,7 +12,7 @@ see one driver state.  ``Driver.simulated`` is True for gpumem's fake driver
 (csrc/sim/driver, which exports ``fakecuda_*`` control functions that no
 NVIDIA driver has); ``sim_launcher()`` says whether gpumem.sim started this
 process.  ``probe()`` answers "is there a GPU here, and which" without
-raising; ``python -m gpumem._cudadriver`` prints it as JSON, so that a
+raising; ``python -m gpumem.checkup.cudadriver`` prints it as JSON, so that a
 caller can ask in a fresh process, where nothing loaded earlier can fool it.
 
 Must not: import torch or gpumem's extension, or change the calling
@@ -372,6 +372,6 @@ def probe() -> dict[str, Any]:
     return out
 
 
-if __name__ == "__main__":  # python -m gpumem._cudadriver: probe() as one JSON line
+if __name__ == "__main__":  # python -m gpumem.checkup.cudadriver: probe() as one JSON line
     print(json.dumps(probe()))
     sys.exit(0)

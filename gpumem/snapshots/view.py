@@ -6,7 +6,7 @@ device: a header with the peaks, the allocated-memory timeline with each
 allocation's stack on hover, the segments with their blocks (allocated,
 pending free, free), and a sortable table of allocation sites; for a snapshot
 recorded with categories, also the allocated memory stacked by category
-(gpumem.category_report, drawn by viewer_static/viewer_categories.js).
+(gpumem.categories.report, drawn by viewer_static/viewer_categories.js).
 
 Scale: the data is reduced here, in Python, before it is embedded, so a
 1,000,000-event trace gives a page of a few MB that draws in well under a
@@ -36,10 +36,13 @@ import os
 import re
 from typing import Any
 
-from . import analysis, category_report
-from ._atomic import write_atomic
-from ._unpickle import Limits, gc_paused, load_snapshot
-from .analysis import DeviceModel, StackTable
+from gpumem._atomic import write_atomic
+from gpumem.categories import report as category_report
+from gpumem.snapshots.sites import text_of
+from gpumem.snapshots.summary import end_live, live_by_site, segment_totals
+from gpumem.snapshots.timeline import (AnalysisError, DeviceModel, StackTable, block_bytes,
+                                       block_frames, build_device, devices_of, pick_device)
+from gpumem.snapshots.unpickle import Limits, gc_paused, load_snapshot
 
 __all__ = ["build_payload", "render_html", "write_view", "default_output"]
 
@@ -51,7 +54,8 @@ MAX_STACKS = 6000
 MAX_TABLE_ROWS = 400
 MAX_MARKERS = 500
 MAX_JSON = 12 << 20
-STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "viewer_static")
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # gpumem/
+STATIC = os.path.join(_PKG, "viewer_static")
 STATES = {"active_allocated": 0, "active_pending_free": 1}   # anything else: 2 (free)
 
 
@@ -225,8 +229,8 @@ def _segments(snap: dict, dev: int, m: DeviceModel, out: _Out, caps: dict) -> di
                 merged += run[2]
                 run = None
             if state < 2:
-                sid = out.st.intern(analysis.block_frames(block)) or live_stack.get(addr, 0)
-                put(size, state, analysis.block_bytes(block), out.stack(sid), 1)
+                sid = out.st.intern(block_frames(block)) or live_stack.get(addr, 0)
+                put(size, state, block_bytes(block), out.stack(sid), 1)
             else:
                 put(size, state, 0, -1, 1)
             addr += size
@@ -234,9 +238,9 @@ def _segments(snap: dict, dev: int, m: DeviceModel, out: _Out, caps: dict) -> di
             put(run[0], 3, run[1], -1, run[2])
             merged += run[2]
         rows.append([f"0x{seg['address']:x}", seg["total_size"], _num(seg.get("stream", 0)),
-                     analysis._text(seg.get("segment_type", ""), 20),
+                     text_of(seg.get("segment_type", ""), 20),
                      bool(seg.get("is_expandable", False)), first, len(bs) - first])
-    return {"stats": analysis.segment_totals(snap, dev), "segs": rows,
+    return {"stats": segment_totals(snap, dev), "segs": rows,
             "blocks": {"size": bs, "state": bst, "req": breq, "stack": bstack,
                        "count": bcount},
             "merged": merged, "merge_threshold": threshold}
@@ -247,7 +251,7 @@ def _table(snap: dict, dev: int, m: DeviceModel, out: _Out) -> dict:
     groups: dict[int, list[int]] = {}
 
     def add(col: int, items) -> None:
-        for site, (count, nbytes, largest, stack) in analysis.live_by_site(st, items).items():
+        for site, (count, nbytes, largest, stack) in live_by_site(st, items).items():
             row = groups.setdefault(site, [0] * 6 + [0, stack])
             row[col], row[col + 1] = count, nbytes
             if largest > row[6]:
@@ -255,7 +259,7 @@ def _table(snap: dict, dev: int, m: DeviceModel, out: _Out) -> dict:
     if m.has_trace:
         add(0, ((m.a_size[a], m.a_stack[a]) for a in m.live_at(m.peak_index)))
         add(4, ((m.a_size[a], m.a_stack[a]) for a, s in enumerate(m.a_start) if s >= 0))
-    add(2, analysis.end_live(snap, dev, st, {dev: m}))
+    add(2, end_live(snap, dev, st, {dev: m}))
     keep = set()
     for col in (1, 3, 5):
         keep.update(sorted(groups, key=lambda s: -groups[s][col])[:MAX_TABLE_ROWS // 3])
@@ -265,7 +269,7 @@ def _table(snap: dict, dev: int, m: DeviceModel, out: _Out) -> dict:
 
 
 def _header(snap: dict, dev: int, m: DeviceModel) -> dict:
-    seg = analysis.segment_totals(snap, dev)
+    seg = segment_totals(snap, dev)
     h: dict[str, Any] = {"events": m.n_events, "segments": seg["segments"],
                          "reserved_end": seg["reserved"], "allocated_end": seg["allocated"],
                          "allocations": sum(1 for s in m.a_start if s >= 0),
@@ -292,15 +296,15 @@ def build_payload(snap: dict, name: str, device: int | None = None,
     """The data the page embeds (JSON-ready); see the module docstring."""
     caps = caps or {"samples": MAX_SAMPLES, "bands": MAX_BANDS, "blocks": MAX_BLOCKS,
                     "band_budget": BAND_SAMPLE_BUDGET, "stacks": MAX_STACKS}
-    dev = analysis.pick_device(snap, device, name)
+    dev = pick_device(snap, device, name)
     stacks = StackTable()
-    m = analysis.build_device(snap, dev, stacks)
+    m = build_device(snap, dev, stacks)
     out = _Out(stacks, caps["stacks"])
     timeline = _timeline(m, out, caps)
     table = _table(snap, dev, m, out)
     segments = _segments(snap, dev, m, out, caps)
     devices = []
-    for d in analysis.devices_of(snap):
+    for d in devices_of(snap):
         traces = snap["device_traces"]
         devices.append({"device": d, "events": len(traces[d]) if d < len(traces) else 0,
                         "reserved": sum(s["total_size"] for s in snap["segments"]
@@ -364,7 +368,7 @@ def _static(name: str) -> str:
         with open(os.path.join(STATIC, name), encoding="utf-8") as f:
             return f.read()
     except OSError:
-        raise analysis.AnalysisError(
+        raise AnalysisError(
             f"gpumem's viewer file {name} is missing from {STATIC}; reinstall gpumem "
             f"(the wheel must include gpumem/viewer_static)") from None
 
@@ -410,7 +414,7 @@ def _write_view(snapshot: str, output: str | None, device: int | None,
         write_atomic(output, lambda f: f.write(html.encode("utf-8")))
     except OSError as e:
         reason = e.strerror or type(e).__name__
-        raise analysis.AnalysisError(f"cannot write {output} ({reason}); choose another "
+        raise AnalysisError(f"cannot write {output} ({reason}); choose another "
                                      f"place with -o") from None
     tl = payload["timeline"]
     folded = ""

@@ -1,6 +1,6 @@
 """The child side of ``gpumem simulate``: what runs inside every Python process of the run.
 
-The run's sitecustomize (gpumem/simulate.py, Note [Setting up the child])
+The run's sitecustomize (gpumem/sim/command.py, Note [Setting up the child])
 calls _child_setup(); once ``import torch`` has finished, _activate()
 installs gpumem, starts recording, keeps each device's peaks across
 torch.cuda.reset_peak_memory_stats(), and, at exit, _child_finish() writes
@@ -99,7 +99,7 @@ def _activate() -> None:
     import atexit
     try:
         import gpumem
-        from gpumem import history
+        from gpumem.recording import history
         gpumem.install()
         entries = int(os.environ.get(ENV_ENTRIES) or 100_000)
         history.record_memory_history("all", "all", "python", entries,
@@ -109,7 +109,7 @@ def _activate() -> None:
     except Exception as e:  # the script still runs, on torch's allocator
         atexit.register(_report_unrecorded, f"{type(e).__name__}: {e}")
         return
-    from gpumem.record import current_rank
+    from gpumem.recording.recorder import current_rank
     _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "rank": current_rank(),
                   "incomplete": True})
     atexit.register(_child_finish)
@@ -180,7 +180,7 @@ def _write_stats(out: dict) -> None:
 
 def _wrap_reset_peaks() -> None:
     """Keep each device's peaks across resets (every reset goes through shim.reset_peak)."""
-    from gpumem import _shim_state
+    from gpumem.pytorch import shim_state as _shim_state
     shim = _shim_state.shim()
     original = shim.reset_peak
 
@@ -192,7 +192,7 @@ def _wrap_reset_peaks() -> None:
 
 
 def _note_peaks() -> dict[int, dict[str, int]]:
-    from gpumem import _shim_state
+    from gpumem.pytorch import shim_state as _shim_state
     shim = _shim_state.shim()
     for d in shim.devices():
         st = shim.stats(d)
@@ -222,7 +222,7 @@ def _device_peak_used(device: int) -> Optional[int]:
 
 
 def _child_name() -> str:
-    from gpumem.record import current_rank
+    from gpumem.recording.recorder import current_rank
     rank = current_rank()
     if rank is not None:
         return f"snapshot_rank{rank}.pickle"
@@ -238,8 +238,8 @@ def _child_finish() -> None:
                            "error": None, "devices": {}, "oom_snapshots": []}
     try:
         import torch
-        from gpumem import history
-        from gpumem.record import current_rank, oom_snapshots_written
+        from gpumem.recording import history
+        from gpumem.recording.recorder import current_rank, oom_snapshots_written
         out["rank"] = current_rank()
         out["oom_snapshots"] = oom_snapshots_written()
         if torch.cuda.is_initialized():

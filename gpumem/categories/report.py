@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gpumem._categorize import CATEGORIES, PHASES, TABLE_KEY
+from gpumem.categories.classify import CATEGORIES, PHASES, TABLE_KEY
 
 # m: an analysis.DeviceModel (not imported: analysis imports this module)
 DeviceModel = Any
