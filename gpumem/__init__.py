@@ -34,7 +34,7 @@ GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
   snapshots.timeline, recording.oom, pytorch.stats
   snapshots.summary, snapshots.replay, pytorch.installer
   snapshots.view, snapshots.rank_summary, recording.recorder, checkup.doctor
-  __init__ (gpumem: this file)
+  __init__ (the public names of gpumem)
   sim.child
   sim.command
   cli
