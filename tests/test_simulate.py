@@ -153,6 +153,25 @@ def test_a_process_that_never_uses_cuda_is_not_counted_unrecorded(tmp_path):
     assert "could not be installed" not in proc.stderr
 
 
+def test_without_out_nothing_is_written_into_the_working_directory(tmp_path):
+    """Issue 28: the default output went to ./gpumem_simulate, dirtying a
+    checkout.  It goes under the user's cache, and the first line says where."""
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    work.mkdir()
+    env = dict(_env(), XDG_CACHE_HOME=str(cache))
+    proc = subprocess.run([sys.executable, "-m", "gpumem", "simulate", "--no-view", "--",
+                           sys.executable, "-c", "print('hello')"], capture_output=True,
+                          text=True, cwd=work, env=env, timeout=300)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert list(work.iterdir()) == []
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("gpumem simulate: writing into "), proc.stderr
+    out = first[len("gpumem simulate: writing into "):]
+    assert os.path.dirname(out) == str(cache / "gpumem" / "simulate"), out
+    assert json.loads((cache / "gpumem" / "simulate" / os.path.basename(out)
+                       / "summary.json").read_text())["out"] == out
+
+
 def test_usage_errors(capsys):
     assert simulate.main([]) == 2
     assert "no command given" in capsys.readouterr().err

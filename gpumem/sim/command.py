@@ -14,7 +14,9 @@ command's exit status.  Settings gpumem.install() would refuse
 runs (status 2); if gpumem still cannot be installed in a process of the
 run, the report says so and the status is 2 when the command itself
 succeeded.  Out-of-memory errors write snapshots into DIR too
-(GPUMEM_OOM_SNAPSHOT, unless it is already set).
+(GPUMEM_OOM_SNAPSHOT, unless it is already set).  Without --out, DIR is a
+new folder under the user's cache (default_out), never the working
+directory, and the first line printed names it.
 
 Note [Setting up the child]
 Rationale: the script must run unchanged (``python train.py``, ``python -m
@@ -111,9 +113,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="number of simulated GPUs (default 1; N under --nproc-per-node N or "
                         "a torchrun command's --nproc-per-node N)")
     _launch.add_arguments(p)
-    p.add_argument("--out", default="gpumem_simulate", metavar="DIR",
-                   help="where the snapshots, viewer pages and summary.json go "
-                        "(default ./gpumem_simulate)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="where the snapshots, viewer pages and summary.json go (default: a "
+                        "new folder under $XDG_CACHE_HOME/gpumem/simulate or "
+                        "~/.cache/gpumem/simulate, never the working directory; the first "
+                        "line printed names it)")
     p.add_argument("--max-entries", type=int, default=100_000, metavar="N",
                    help="allocator events kept per device, newest last (default 100000)")
     p.add_argument("--no-view", action="store_true", help="do not write the viewer pages")
@@ -125,6 +129,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print the report as JSON (it is also written to DIR/summary.json)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the command to run, usually: python train.py ARGS")
+
+
+def default_out() -> str:
+    """Where a run writes without --out: a new folder named by the time and the
+    process under the user's cache ($XDG_CACHE_HOME/gpumem/simulate, else
+    ~/.cache/gpumem/simulate, else the temporary folder's gpumem-UID/simulate),
+    so that a run never writes into the working tree unless asked."""
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):   # unset, or relative (which the XDG spec ignores)
+        home = os.path.expanduser("~")
+        cache = os.path.join(home, ".cache") if os.path.isabs(home) else ""
+    base = (os.path.join(cache, "gpumem") if cache
+            else os.path.join(tempfile.gettempdir(), f"gpumem-{os.getuid()}"))
+    name = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+    return os.path.join(base, "simulate", name)
 
 
 def _error(msg: str) -> int:
@@ -387,14 +406,14 @@ def run(args: argparse.Namespace) -> int:
         _launch.host_memory_env(env_probe, args.host_memory, nproc)
     except sim.SimError as e:
         return _error(str(e))
+    out = os.path.abspath(args.out if args.out is not None else default_out())
     probe = dict(env_probe)
-    probe.setdefault("GPUMEM_OOM_SNAPSHOT", args.out)
+    probe.setdefault("GPUMEM_OOM_SNAPSHOT", out)
     try:  # what install() would refuse in the child is refused here, before running anything
         from gpumem.pytorch.installer import AllocConfError, check_environment
         check_environment(probe)
     except AllocConfError as e:
         return _error(f"{e}; nothing was run")
-    out = os.path.abspath(args.out)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
@@ -414,6 +433,7 @@ def run(args: argparse.Namespace) -> int:
         env[ENV_CATEGORIES] = "1" if args.categories else "0"
         env.setdefault("GPUMEM_OOM_SNAPSHOT", out)
         if not args.json:
+            print(f"gpumem simulate: writing into {out}", file=sys.stderr, flush=True)
             print(f"gpumem simulate: running {shlex.join(cmd)} on {devices} simulated GPU(s) "
                   f"of {format_bytes(memory, whole_units=True)} (memory behaviour only: kernels "
                   "compute nothing)",
