@@ -135,7 +135,7 @@ class BuildWithSimulator(build_ext):
     def _ship_shim_sources(self, dest):
         """A wheel has no csrc/: the torch shim, built on the user's machine
         against their torch at the first gpumem.install(), needs its C++
-        sources and the C headers it includes (gpumem/_shim_build.py)."""
+        sources and the C headers it includes (gpumem/pytorch/shim_build.py)."""
         import shutil
         files = _relative_glob("csrc/torch/*.cpp") + _relative_glob("csrc/**/*.h")
         for rel in files:
@@ -146,7 +146,7 @@ class BuildWithSimulator(build_ext):
     """build_ext, then the simulated GPU's fake CUDA libraries (simgpu/).
 
     They are separate shared libraries with NVIDIA's sonames, loaded only by
-    gpumem.sim; they land in gpumem/_sim/ (in the source tree for editable
+    gpumem.sim; they land in gpumem/sim/_lib/ (in the source tree for editable
     and in-place builds, in build_lib for wheels). gpumem works without
     them, so a failure warns instead of failing the install.
     """
@@ -156,7 +156,7 @@ class BuildWithSimulator(build_ext):
         pkg = os.path.join(HERE, "gpumem") if self.inplace else os.path.join(self.build_lib, "gpumem")
         if not self.inplace:
             self._ship_shim_sources(os.path.join(pkg, "_csrc"))
-        out = os.path.join(pkg, "_sim")
+        out = os.path.join(pkg, "sim", "_lib")
         work = os.path.join(self.build_temp, "gpumem_sim")
         try:
             _load_sim_build().build_sim_libs(out, work_dir=work)

@@ -46,8 +46,9 @@ SNIPPET = r'''
 import json, sys
 import torch, gpumem
 gpumem.install()
-from gpumem import category_report as cr, history
-from gpumem.analysis import build_device
+from gpumem.categories import report as cr
+from gpumem.recording import history
+from gpumem.snapshots.timeline import build_device
 model_name, steps, tests_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 if model_name == "resnet50":
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="profiled training steps")
     ap.add_argument("--model", choices=("transformer", "resnet50"), default="transformer")
     args = ap.parse_args(argv)
-    from gpumem import _shim_build
+    from gpumem.pytorch import shim_build as _shim_build
     _shim_build.build()
     r = run(args.model, args.steps)
     if args.json:

@@ -50,8 +50,12 @@ SIZES = {"4KiB": 4096, "512B": 512, "1MiB": 1 << 20, "8MiB": 8 << 20, "64MiB": 6
 REPLAY_SNIPPET = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from gpumem import replay as r
-from gpumem._unpickle import load_snapshot
+try:
+    from gpumem.snapshots import replay as r
+    from gpumem.snapshots.unpickle import load_snapshot
+except ImportError:   # a baseline tree from before the package was grouped (issue 28)
+    from gpumem import replay as r
+    from gpumem._unpickle import load_snapshot
 t0 = time.perf_counter()
 snap = load_snapshot(sys.argv[2])
 ops = [r.build_ops(snap, d) for d in r.traced_devices(snap)]
@@ -109,8 +113,12 @@ def run_replay(tree: Path, snapshot: Path, repeats: int) -> dict:
 REPLAY_AB_SNIPPET = r"""
 import importlib.machinery, importlib.util, json, statistics, sys
 sys.path.insert(0, sys.argv[1])
-from gpumem import replay as r
-from gpumem._unpickle import load_snapshot
+try:
+    from gpumem.snapshots import replay as r
+    from gpumem.snapshots.unpickle import load_snapshot
+except ImportError:   # a baseline tree from before the package was grouped (issue 28)
+    from gpumem import replay as r
+    from gpumem._unpickle import load_snapshot
 
 def load(path, name):
     loader = importlib.machinery.ExtensionFileLoader(name, path)

@@ -6,7 +6,7 @@ Each snapshot with an allocation trace is replayed through gpumem on the
 simulated device three times: under the settings it was recorded with
 ("recorded": its allocator_settings, or expandable segments when it shows
 them), with torch's default settings and with expandable_segments:True.
-Every replay reproduces the pressure of the recording (gpumem/replay.py,
+Every replay reproduces the pressure of the recording (gpumem/snapshots/replay.py,
 Note [Replaying releases]): cache releases where torch released, and the
 device's capacity where the trace's OOM entries give it.  Each is compared
 with the peak allocated bytes and, where the trace holds segment events,
@@ -34,9 +34,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpumem._conf import format_conf, parse_conf  # noqa: E402
-from gpumem._unpickle import SnapshotError, load_snapshot  # noqa: E402
-from gpumem.replay import (ReplayError, build_ops, recorded_conf, replay_device,  # noqa: E402
-                           traced_devices)
+from gpumem.snapshots.unpickle import SnapshotError, load_snapshot  # noqa: E402
+from gpumem.snapshots.replay import (ReplayError, build_ops, recorded_conf, replay_device,
+                                     traced_devices)
 
 MiB = 1 << 20
 EXPANDABLE_SLACK = 1.05  # expandable may reserve at most 5% above the peak allocated

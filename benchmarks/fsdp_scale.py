@@ -204,7 +204,7 @@ def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0,
     os.mkdir(results)
     worker += ["--results", results]
     if gpumem:
-        cmd = [sys.executable, "-m", "gpumem.simulate", "--nproc-per-node", str(ranks),
+        cmd = [sys.executable, "-m", "gpumem.sim.command", "--nproc-per-node", str(ranks),
                "--memory", "80GiB", "--no-view", "--out", out_dir, "--"] + worker
     else:
         with socket.socket() as s:

@@ -96,7 +96,7 @@ def record(context, max_entries=events):
     context='all' with gpumem's categories on."""
     mem._record_memory_history(None)
     if context == "categories":
-        gpumem.history.record_memory_history("all", "all", "python", max_entries,
+        gpumem.recording.history.record_memory_history("all", "all", "python", max_entries,
                                              categories=True)
     elif context is not False:
         mem._record_memory_history("all", context=context, stacks="python",
@@ -311,7 +311,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     # Build the shim, the fake libraries and the test-only extension before
     # anything is timed.
-    from gpumem import _shim_build
+    from gpumem.pytorch import shim_build as _shim_build
     _shim_build.build()
     sim.lib_dir()
     sys.path.insert(1, str(ROOT / "tests"))

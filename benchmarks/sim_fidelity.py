@@ -47,7 +47,8 @@ from typing import Callable, Dict, List, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpumem import sim, sim_gpus  # noqa: E402
+from gpumem import sim
+from gpumem.sim import gpus as sim_gpus  # noqa: E402
 
 MiB = 1 << 20
 

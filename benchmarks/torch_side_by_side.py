@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=20000, help="empty+del pairs per process")
     args = ap.parse_args(argv)
     # Build the shim (and the fake libraries) before anything is timed.
-    from gpumem import _shim_build
+    from gpumem.pytorch import shim_build as _shim_build
     _shim_build.build()
     runs = {"torch": [], "gpumem": []}
     for _ in range(args.repeats):

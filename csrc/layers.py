@@ -32,7 +32,7 @@ LAYERS = {
 }
 
 #: The layers compiled into the extension gpumem._C (torch is built per
-#: torch version by gpumem/_shim_build.py).
+#: torch version by gpumem/pytorch/shim_build.py).
 EXTENSION_LAYERS = ("base", "device", "core", "history", "python")
 
 

@@ -27,7 +27,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fixed", action="store_true", help="log loss.item() instead of the tensor")
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--prefix", default="loss_leak", help="snapshot files: PREFIX_before/after")
+    p.add_argument("--prefix", default="loss_leak", help="snapshots: PREFIX_before/after.pickle")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("needs a GPU, or run it with: gpumem simulate -- python "

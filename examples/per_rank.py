@@ -38,7 +38,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="gloo", help="gloo (default; CPU or GPU) or nccl")
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--out", default="per_rank.pickle")
+    p.add_argument("--out", default="per_rank.pickle",
+                   help="the snapshot; each rank writes OUT's stem + _rank<N>.pickle (default "
+                        "per_rank.pickle, in the current folder)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("needs a GPU, or run it with: gpumem simulate -- python examples/per_rank.py",

@@ -2,14 +2,14 @@
 
 With PyTorch, `gpumem.install()` (before the first CUDA tensor) makes
 gpumem's C allocator torch's CUDA allocator; `gpumem.memory_stats()`,
-`memory_summary()` and the other torch.cuda-style functions (gpumem.stats)
-report it, and torch's own names are routed to them (gpumem._torch).
+`memory_summary()` and the other torch.cuda-style functions (gpumem.pytorch.stats)
+report it, and torch's own names are routed to them (gpumem.pytorch.installer).
 
 `record_memory_history()` / `snapshot()` / `dump_snapshot()` record
 allocator events with their Python stacks and write snapshots that PyTorch's
-memory_viz opens (gpumem.history); ``with gpumem.record(path):`` wraps a
+memory_viz opens (gpumem.recording.history); ``with gpumem.record(path):`` wraps a
 block of a training script and writes a snapshot when it ends or when an
-allocation fails with out of memory (gpumem.record).
+allocation fails with out of memory (gpumem.recording.recorder).
 
 `Allocator` runs the core on a virtual device (`backend="virtual"`, an address
 space without memory; or `backend="cuda"`, the CUDA driver) without
@@ -21,31 +21,41 @@ torch.
 
 Layers import only downward.  Below, from the bottom layer up, a module
 imports only modules on earlier lines; an import deferred into a function
-counts too (tests/test_py_layers.py fails on any import cycle).
-  _C (the extension), _conf, _format, _origin, _sites, _rank, _shim_state,
-      _shim_build, _unpickle, sim, _cudadriver
-  history, analysis, replay, _selftest
-  stats, _oom, view
-  _torch
-  record, doctor
-  gpumem (this file)
-  _simulate_child, then simulate
-  cli, __main__
+counts too.  tests/test_py_layers.py checks this list against the import
+graph (and docs/architecture.md's copy of it).  Where each concept lives is
+in the subpackages' docstrings: snapshots (read, analyse, view, replay),
+recording, pytorch (gpumem inside torch), categories, sim (the simulated
+GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
+  _C (the extension), _format, _conf (allocator settings), _atomic (file writes)
+  _rank (per-rank file names)
+  categories.classify, snapshots.pickle_scan, snapshots.origin, pytorch.shim_state,
+      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun
+  categories.report, categories.tagger, snapshots.unpickle, checkup.selftest, sim
+  snapshots.sites, recording.history, sim.rank_report, sim.__main__
+  snapshots.timeline, recording.oom, pytorch.stats
+  snapshots.summary, snapshots.replay, pytorch.installer
+  snapshots.view, snapshots.rank_summary, recording.recorder, checkup.doctor
+  __init__ (the public names of gpumem)
+  sim.child
+  sim.command
+  cli
+  __main__
 """
 
 from gpumem._C import Allocator, OutOfMemoryError, format_size
-from gpumem.doctor import doctor
-from gpumem._torch import (InstallError, TorchMissingError, install, is_installed,
-                           uninstall_patches)
-from gpumem.history import (_dump_snapshot, _record_memory_history, _snapshot, dump_snapshot,
-                            get_memory_metadata, history_overhead_bytes, record_memory_history,
-                            set_memory_metadata, snapshot)
-from gpumem.record import Recorder, RecordError, record
-from gpumem.stats import (empty_cache, get_per_process_memory_fraction, max_memory_allocated,
-                          max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
-                          memory_snapshot, memory_stats, memory_summary,
-                          reset_accumulated_memory_stats, reset_peak_memory_stats,
-                          set_per_process_memory_fraction)
+from gpumem.checkup.doctor import doctor
+from gpumem.pytorch.installer import (InstallError, TorchMissingError, install, is_installed,
+                                      uninstall_patches)
+from gpumem.recording.history import (_dump_snapshot, _record_memory_history, _snapshot,
+                                      dump_snapshot, get_memory_metadata,
+                                      history_overhead_bytes, record_memory_history,
+                                      set_memory_metadata, snapshot)
+from gpumem.recording.recorder import Recorder, RecordError, record
+from gpumem.pytorch.stats import (empty_cache, get_per_process_memory_fraction,
+                                  max_memory_allocated, max_memory_reserved, mem_get_info,
+                                  memory_allocated, memory_reserved, memory_snapshot,
+                                  memory_stats, memory_summary, reset_accumulated_memory_stats,
+                                  reset_peak_memory_stats, set_per_process_memory_fraction)
 
 __version__ = "0.1.0"
 

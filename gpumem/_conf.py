@@ -37,8 +37,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["ConfError", "parse_conf", "format_conf", "default_conf", "settings_for_snapshot",
-           "conf_from_snapshot_settings", "parse_uint", "ROUNDUP_INTERVALS",
-           "ROUNDUP_BOUNDARIES_MB", "MAX_SPLIT_MB", "MAX_DIVISIONS"]
+           "snapshot_settings_of", "conf_from_snapshot_settings", "parse_uint",
+           "ROUNDUP_INTERVALS", "ROUNDUP_BOUNDARIES_MB", "MAX_SPLIT_MB", "MAX_DIVISIONS"]
 
 MiB = 1 << 20
 ROUNDUP_INTERVALS = 16
@@ -351,20 +351,27 @@ def settings_for_snapshot(conf: dict) -> dict[str, Any]:
     not implement (pinned memory, cudaMalloc locking) carry torch's defaults.
     """
     c = _checked(conf)
+    return snapshot_settings_of(c, format_conf(c))
+
+
+def snapshot_settings_of(conf: dict, conf_text: str) -> dict[str, Any]:
+    """The ``allocator_settings`` dict for ``conf`` as it is, unchecked, with
+    ``conf_text`` as its PYTORCH_CUDA_ALLOC_CONF (settings_for_snapshot checks
+    first; gpumem.recording.history reports an Allocator's own settings, which
+    need not follow the PYTORCH_CUDA_ALLOC_CONF rules, through this)."""
     return {
-        "PYTORCH_CUDA_ALLOC_CONF": format_conf(c),
-        "max_split_size": c["max_split_size"],
-        "garbage_collection_threshold": c["garbage_collection_threshold"],
-        "expandable_segments": c["expandable_segments"],
+        "PYTORCH_CUDA_ALLOC_CONF": conf_text,
+        "max_split_size": conf["max_split_size"],
+        "garbage_collection_threshold": float(conf["garbage_collection_threshold"]),
+        "expandable_segments": bool(conf["expandable_segments"]),
         "pinned_num_register_threads": 1,
         "release_lock_on_cudamalloc": False,
         "pinned_use_cuda_host_register": False,
         "graph_capture_record_stream_reuse": False,
         "max_round_threshold": -1,
         "max_cached_size": -1,
-        "roundup_power2_divisions": {
-            str(mb): d for mb, d in zip(ROUNDUP_BOUNDARIES_MB, c["roundup_power2_divisions"])
-        },
+        "roundup_power2_divisions": {str(1 << i): d
+                                     for i, d in enumerate(conf["roundup_power2_divisions"])},
     }
 
 

@@ -17,14 +17,15 @@ import os
 import sys
 from typing import Any, Callable
 
-from ._conf import ConfError, parse_uint
-from ._format import format_bytes
-from . import _shim_build
-from . import simulate as _simulate
-from .doctor import HELP as _DOCTOR_HELP, add_arguments as _add_doctor_args, run as _run_doctor
-from .sim import SimError, parse_size
-from ._unpickle import (MAX_BYTES, MIN_RECORDS, RECORD_BYTES, Limits, SnapshotError, gc_paused,
-                        load_snapshot)
+from gpumem._conf import ConfError, parse_uint
+from gpumem._format import format_bytes
+from gpumem.pytorch import shim_build as _shim_build
+from gpumem.sim import command as _simulate
+from gpumem.checkup.doctor import (HELP as _DOCTOR_HELP, add_arguments as _add_doctor_args,
+                                   run as _run_doctor)
+from gpumem.sim import SimError, parse_size
+from gpumem.snapshots.unpickle import (MAX_BYTES, MIN_RECORDS, RECORD_BYTES, Limits,
+                                       SnapshotError, gc_paused, load_snapshot)
 
 __all__ = ["main", "COMMANDS", "format_bytes"]
 
@@ -157,11 +158,11 @@ def _print_replay(report: dict[str, Any]) -> None:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from .replay import replay_file  # imported when the command runs
+    from gpumem.snapshots.replay import replay_file  # imported when the command runs
 
     capacity = None
     if args.memory is not None:
-        from .replay import MAX_CAPACITY
+        from gpumem.snapshots.replay import MAX_CAPACITY
         try:
             capacity = parse_size(args.memory)
         except SimError as e:
@@ -214,7 +215,7 @@ def _add_view_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_view(args: argparse.Namespace) -> int:
-    from .view import write_view
+    from gpumem.snapshots.view import write_view
 
     info = write_view(args.snapshot, args.output, device=args.device, limits=_limits(args))
     print(f"wrote {info['output']} ({format_bytes(info['html_bytes'])}): device {info['device']}, "
@@ -333,7 +334,7 @@ def _signed(n: int) -> str:
 
 
 def _run_summary(args: argparse.Namespace) -> int:
-    from .analysis import summarize
+    from gpumem.snapshots.summary import summarize
 
     if os.path.isdir(args.snapshot):
         return _run_rank_summary(args)
@@ -353,7 +354,7 @@ def _run_summary(args: argparse.Namespace) -> int:
 
 
 def _run_rank_summary(args: argparse.Namespace) -> int:
-    from ._rank_summary import summarize_folder, summary_lines
+    from gpumem.snapshots.rank_summary import summarize_folder, summary_lines
 
     if args.device is not None:
         _print_error("--device applies to a single snapshot, not to a folder of ranks")
@@ -405,7 +406,7 @@ def _stack_to_site(stack: list[str], site: str, kind: str | None, head: int = 8)
 
 
 def _run_diff(args: argparse.Namespace) -> int:
-    from .analysis import diff
+    from gpumem.snapshots.summary import diff
 
     with gc_paused():   # plain acyclic data, built and walked once (see gc_paused)
         before = load_snapshot(args.before, _limits(args))
@@ -462,7 +463,7 @@ READS_SNAPSHOTS = ("replay", "view", "summary", "diff")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from gpumem import __version__
     parser = _Parser(prog=PROG, description="gpumem: a CUDA caching allocator for PyTorch.")
     parser.add_argument("--version", action="version",
                         version=f"{PROG} {__version__} (Python {sys.version.split()[0]})")
@@ -477,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _user_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [SnapshotError, ConfError, OSError]
     try:
-        from .replay import ReplayError
+        from gpumem.snapshots.replay import ReplayError
         errors.append(ReplayError)
     except ImportError:
         pass

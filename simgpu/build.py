@@ -1,7 +1,7 @@
 """Build the simulated GPU's fake CUDA libraries with a plain C compiler.
 
     from simgpu.build import build_sim_libs        # or load this file by path
-    libs = build_sim_libs("gpumem/_sim")            # {soname: Path}, in preload order
+    libs = build_sim_libs("gpumem/sim/_lib")            # {soname: Path}, in preload order
 
     python simgpu/build.py OUT_DIR [--cflags=...] [--force] [--cuda-major 13]
 
@@ -396,7 +396,7 @@ def build_sim_libs(out_dir: Union[str, os.PathLike], extra_flags: Iterable[str] 
                    work_dir: Union[str, os.PathLike, None] = None) -> Dict[str, Path]:
     """Build every fake library into out_dir; {soname: path} in LD_PRELOAD order.
 
-    This is what setup.py calls, with out_dir = the package's gpumem/_sim
+    This is what setup.py calls, with out_dir = the package's gpumem/sim/_lib
     (in build_lib for a wheel, in the source tree for an editable install)
     and work_dir = a temporary build directory: out_dir then receives the
     seven .so files and nothing else, while the generated stubs, version

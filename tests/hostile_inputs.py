@@ -5,7 +5,7 @@ measures each command on each of them.  No tests here
 make(directory) writes every input and returns Hostile records: the path,
 what each command must do with it (exit status 2 with one error line
 containing some words, or 0), and the bytes the memory bound is figured
-from.  The inputs (Note [Hostile snapshots] in gpumem/_unpickle.py):
+from.  The inputs (Note [Hostile snapshots] in gpumem/snapshots/unpickle.py):
 - shared-reference bombs: trace and segment lists that repeat the same
   objects (the issue's 202 KB file of 10**8 trace entries, and 100
   segments of 100,000 shared blocks), one list over the records floor, one
@@ -298,8 +298,8 @@ def _child(argv: list[str], out_dir: str) -> None:
 def run(jobs: list[dict]) -> list[dict]:
     """Each job {'argv', 'dir'} in a forked child; returns their results."""
     import gpumem.cli  # noqa: F401 - imported once, before the forks
-    import gpumem.replay  # noqa: F401
-    import gpumem.view  # noqa: F401
+    import gpumem.snapshots.replay  # noqa: F401
+    import gpumem.snapshots.view  # noqa: F401
     results = []
     for job in jobs:
         os.makedirs(job["dir"], exist_ok=True)

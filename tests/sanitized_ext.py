@@ -78,8 +78,10 @@ def build(tmp: Path, cc: list[str]) -> tuple[Path, dict]:
         stdin=subprocess.DEVNULL)
     assert p.returncode == 0, f"sanitized extension build failed:\n{p.stdout}{p.stderr[-6000:]}"
     assert glob.glob(str(lib / "gpumem" / "_C*.so")), f"no gpumem/_C*.so under {lib}"
-    for py in glob.glob(str(ROOT / "gpumem" / "*.py")):
-        shutil.copy(py, str(lib / "gpumem"))
+    for py in (ROOT / "gpumem").rglob("*.py"):
+        dest = lib / py.relative_to(ROOT)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(py, dest)
     testext_so = testext_build.build(tmp / "testext", testext_build.SANITIZE, cc=cc)
     libasan = subprocess.run(cc + ["-print-file-name=libasan.so"], capture_output=True,
                              text=True).stdout.strip()

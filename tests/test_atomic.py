@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumem import _C, history
+from gpumem import _C
+from gpumem.recording import history
 from gpumem._atomic import TEMP_MARK, NotARegularFileError, write_atomic
 from gpumem.cli import main as cli_main
 

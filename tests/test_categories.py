@@ -1,5 +1,5 @@
-"""Memory by category (gpumem/_categorize.py, gpumem/categories.py,
-gpumem/category_report.py): the resolution on hand-built traces, and a
+"""Memory by category (gpumem/categories/classify.py, gpumem/categories/tagger.py,
+gpumem/categories/report.py): the resolution on hand-built traces, and a
 Transformer + AdamW loop on the simulated GPU checked against arithmetic from
 the model and against torch's _memory_viz."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumem._categorize import CATEGORIES, block_categories, resolve_device
+from gpumem.categories.classify import CATEGORIES, block_categories, resolve_device
 
 from torch_helpers import TRANSFORMER, run_gm
 
@@ -108,10 +108,10 @@ def test_allocations_of_the_cublas_handle_pool_are_workspaces():
 # On the simulated GPU: OUT holds what the bars are checked against.
 LOOP = '''
 import pickle, tempfile, os
-import gpumem.history as h
-from gpumem.analysis import build_device
-from gpumem import category_report as cr
-from gpumem._categorize import PHASES, TABLE_KEY
+import gpumem.recording.history as h
+from gpumem.snapshots.timeline import build_device
+from gpumem.categories import report as cr
+from gpumem.categories.classify import PHASES, TABLE_KEY
 model, opt = make_model()
 x = torch.randn(8, 16, 64, device="cuda")
 def steps(n):
@@ -149,7 +149,7 @@ emit({"peak": m.peak, "at_peak": cr.breakdown(m, cats, m.peak_index),
 # with the categories the later allocations got.
 REUSE = '''
 def reused_gradient_blocks(snap):
-    from gpumem._categorize import CATEGORIES
+    from gpumem.categories.classify import CATEGORIES
     table = snap["gpumem_categories"]["device_traces"][0]
     by_addr, out = {}, {}
     for e, c in zip(snap["device_traces"][0], table):
@@ -250,7 +250,7 @@ def test_summary_without_a_table_has_no_categories_and_bad_tables_are_unknown(tm
 
 
 def test_tables_written_before_a_category_was_added_still_read():
-    from gpumem import category_report as cr
+    from gpumem.categories import report as cr
     snap = _snapshot()
     snap["gpumem_categories"]["categories"] = list(CATEGORIES[:-1])   # before 'workspace'
     assert cr.has_table(snap)
@@ -303,7 +303,7 @@ def test_simulate_reports_the_estimation_equation(tmp_path, categories):
 def test_a_failing_hook_does_not_stop_training(caplog):
     """The hooks run inside the user's step: an error of ours is logged once
     and the step goes on (no torch needed: a stand-in tagger)."""
-    from gpumem import categories
+    from gpumem.categories import tagger as categories
 
     class Broken(categories._Tagger):
         def __init__(self):
@@ -325,7 +325,8 @@ def test_a_failing_hook_does_not_stop_training(caplog):
 def test_record_with_categories_writes_the_table_and_restores_the_settings(tmp_path):
     r = run_gm(f'''
 import pickle
-from gpumem import categories, history
+from gpumem.categories import tagger as categories
+from gpumem.recording import history
 model, opt = make_model()
 x = torch.randn(4, 8, 64, device="cuda")
 with gpumem.record({str(tmp_path / "m.pickle")!r}, categories=True) as rec:
@@ -354,9 +355,9 @@ def test_loop_without_optimizer_buffers_and_uninstall():
     buffers (BatchNorm's statistics) count as parameters; turning categories
     off restores torch's backward entry points and leaves no global hook."""
     r = run_gm('''
-import gpumem.history as h
-from gpumem.analysis import build_device
-from gpumem import category_report as cr
+import gpumem.recording.history as h
+from gpumem.snapshots.timeline import build_device
+from gpumem.categories import report as cr
 orig = (torch.autograd.backward, torch.autograd.grad)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64),
@@ -399,8 +400,8 @@ def test_a_few_python_calls_per_step():
     post, however many modules run and tensors autograd saves; no global
     module hook stays registered through the forward."""
     r = run_gm('''
-import gpumem.history as h
-from gpumem import categories
+import gpumem.recording.history as h
+from gpumem.categories import tagger as categories
 from torch.nn.modules import module as mm
 calls = {}
 def counted(name):
@@ -433,9 +434,9 @@ def test_torch_compile_traces_with_categories_on():
     """No saved-tensors hooks and no per-module hooks: torch.compile captures
     the model in one graph, without graph breaks, and the categories hold."""
     r = run_gm('''
-import gpumem.history as h
-from gpumem import category_report as cr
-from gpumem.analysis import build_device
+import gpumem.recording.history as h
+from gpumem.categories import report as cr
+from gpumem.snapshots.timeline import build_device
 import torch._dynamo as dyn
 model, opt = make_model()
 compiled = torch.compile(model, backend="aot_eager")

@@ -2,7 +2,8 @@
 no traceback.
 
 Every variant is generated here and knows its expected outcome:
-- 2 for what the loader (gpumem._unpickle) must reject: truncations (a proper prefix of a pickle never holds its STOP),
+- 2 for what the loader (gpumem.snapshots.unpickle) must reject: truncations (a
+  proper prefix of a pickle never holds its STOP),
   wrong types and missing values for the keys the loader checks, negative or
   beyond-64-bit integers there, a top level that is not a dict or a list of
   segments, pickles naming globals, protocol 0/1 pickles, empty files,
@@ -36,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from gpumem import cli
-from gpumem._unpickle import SnapshotError, load_snapshot, loads_snapshot
+from gpumem.snapshots.unpickle import SnapshotError, load_snapshot, loads_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -83,7 +84,8 @@ def hand_built():
 def gpumem_made() -> bytes:
     """A snapshot dumped by gpumem's recorder (frames memoized), else the hand-built one."""
     try:
-        from gpumem import _C, history
+        from gpumem import _C
+        from gpumem.recording import history
     except ImportError:
         return pickle.dumps(hand_built(), protocol=4)
     a = _C.Allocator(capacity=256 * MiB)
@@ -263,7 +265,7 @@ def _oracle(data: bytes) -> int:
 def replay_oracle(path) -> int:
     """gpumem replay's status for a file the loader accepts: 2 if it holds a
     request no allocator serves."""
-    from gpumem import replay
+    from gpumem.snapshots import replay
     snap = load_snapshot(path)
     try:
         for d in replay.traced_devices(snap):

@@ -8,7 +8,7 @@ import pytest
 
 from gpumem._conf import (MAX_SPLIT_MB, ConfError, default_conf, format_conf, parse_conf,
                           parse_uint, settings_for_snapshot)
-from gpumem._unpickle import load_snapshot
+from gpumem.snapshots.unpickle import load_snapshot
 
 MiB = 1 << 20
 SNAPSHOTS = Path(__file__).parent.parent.parent / "shared" / "snapshots"

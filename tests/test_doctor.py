@@ -1,5 +1,5 @@
-"""``gpumem doctor`` (gpumem/doctor.py) and the driver backend's self-test
-(gpumem/_selftest.py) on this machine, which has no GPU: without any driver,
+"""``gpumem doctor`` (gpumem/checkup/doctor.py) and the driver backend's self-test
+(gpumem/checkup/selftest.py) on this machine, which has no GPU: without any driver,
 over gpumem's fake driver with failures injected, and under gpumem simulate.
 
 Doctor runs in a subprocess (it imports torch; the pytest process does not).
@@ -101,8 +101,9 @@ def test_a_failing_self_test_step_makes_doctor_exit_1(tmp_path, env, step, text)
 def run_selftest_child(body: str, **env: str) -> list:
     code = textwrap.dedent('''
         import ctypes, json
-        from gpumem import _C, _selftest
-        from gpumem._cudadriver import Driver
+        from gpumem import _C
+        from gpumem.checkup import selftest as _selftest
+        from gpumem.checkup.cudadriver import Driver
         LIB = ctypes.CDLL(__import__("os").environ["GPUMEM_LIBCUDA"])
         drv = Driver(); drv.init()
         def failed(**kw):

@@ -1,5 +1,5 @@
 """Every script in examples/ runs under ``gpumem simulate`` (python -m
-gpumem.simulate), exits 0 and writes its snapshots, and each snapshot shows
+gpumem.sim.command), exits 0 and writes its snapshots, and each snapshot shows
 the scenario: the bug's extra memory, the leak's growth, the OOM event, the
 recorded step range, the rank in the file name.
 
@@ -51,7 +51,7 @@ def _run(name, tmp, env):
     script, args, opts = RUNS[name]
     cwd = tmp / name
     cwd.mkdir()
-    cmd = [sys.executable, "-m", "gpumem.simulate", "--out", "sim", *opts, "--",
+    cmd = [sys.executable, "-m", "gpumem.sim.command", "--out", "sim", *opts, "--",
            sys.executable, str(ROOT / "examples" / script), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
                           env=_env({"MPLBACKEND": "Agg", **env}), timeout=600)
@@ -100,8 +100,8 @@ def test_zero_grad_with_and_without(runs):
     # The leaked gradients are allocated on autograd's threads, which have no
     # Python frames; gpumem attributes them to the line that ran backward,
     # so the leak finder names the training loop's `loss.backward()` line.
-    from gpumem import analysis
-    report = analysis.diff(with_fix, without, ("zero_grad", "no_zero_grad"))
+    from gpumem.snapshots.summary import diff
+    report = diff(with_fix, without, ("zero_grad", "no_zero_grad"))
     top = report["grew"][0]
     assert top["delta_bytes"] > 40 * MiB
     src = open(os.path.join(str(ROOT), "examples", "zero_grad.py")).read().splitlines()

@@ -13,8 +13,9 @@ import threading
 import pytest
 
 import gpumem
-from gpumem import _C, history
-from gpumem.history import HistoryConfigError
+from gpumem import _C
+from gpumem.recording import history
+from gpumem.recording.history import HistoryConfigError
 
 import testext
 
@@ -538,7 +539,7 @@ def test_capsule_api_is_exported():
 
 def test_event_numbers_name_each_recorded_event():
     """_C._hist_seq counts the events recorded on a device, and a snapshot's
-    seqs give the number of its oldest event: what gpumem.categories uses to
+    seqs give the number of its oldest event: what gpumem.categories.tagger uses to
     place its tags between events (Note [Categories follow the allocation])."""
     a = _C.Allocator()
     a.free(a.malloc(512))                         # the segment exists: later mallocs are cached

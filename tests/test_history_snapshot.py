@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 import gpumem
-from gpumem import _C, history
-from gpumem._unpickle import load_snapshot
+from gpumem import _C
+from gpumem.recording import history
+from gpumem.snapshots.unpickle import load_snapshot
 
 from test_history_support import check_snapshot, check_tiling
 
@@ -189,7 +190,8 @@ def test_dump_failing_midway_leaves_the_old_file_and_no_temporary(tmp_path, monk
 
 CRASH_SCRIPT = textwrap.dedent("""
     import os, pickle, sys
-    from gpumem import _C, history
+    from gpumem import _C
+    from gpumem.recording import history
     a = _C.Allocator()
     history.record_memory_history()
     ptrs = [a.malloc(1000 * (i + 1)) for i in range(50)]
@@ -515,7 +517,8 @@ def test_real_snapshots_still_check_out_with_the_checker():
 
 EXIT_SCRIPT = textwrap.dedent("""
     import atexit, sys, threading
-    from gpumem import _C, history
+    from gpumem import _C
+    from gpumem.recording import history
     sys.path.insert(0, sys.argv[3])
     import testext
     a = _C.Allocator()

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumem._unpickle import load_snapshot
+from gpumem.snapshots.unpickle import load_snapshot
 
 from test_history_support import check_snapshot
 from torch_helpers import TRANSFORMER, run_gm, run_py
@@ -59,7 +59,7 @@ OOM_SIZE = 8 << 30           # more than the simulated device holds
 SCRIPT = '''
 import pickle, sys
 import torch.cuda._memory_viz as mv
-from gpumem._unpickle import load_snapshot
+from gpumem.snapshots.unpickle import load_snapshot
 
 mem = torch.cuda.memory
 res = {"routed": [mem._record_memory_history is gpumem._record_memory_history,
@@ -522,7 +522,8 @@ def test_interned_ids_stay_exact_with_the_per_thread_cache():
     after its first runs, which moves the caller's instruction offset.)"""
     import threading
 
-    from gpumem import _C, history
+    from gpumem import _C
+    from gpumem.recording import history
     history.record_memory_history("all", context="all", stacks="python")
     try:
         seen: dict = {}

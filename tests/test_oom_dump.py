@@ -120,7 +120,7 @@ def test_oom_under_env_variable_forward_and_backward(tmp_path):
         paths = [os.path.join(d, n) for n in names]
         emit({"fwd": fwd, "bwd": bwd, "paths": paths, "pid": os.getpid(),
               "files": [oom_events(p) for p in paths], "log": records,
-              "recording": gpumem.history.recording_config()["enabled"]})
+              "recording": gpumem.recording.history.recording_config()["enabled"]})
     ''', prelude=SCENARIO, memory="4GiB", env={"GPUMEM_OOM_SNAPSHOT": str(d)})
     assert len(o["paths"]) == 2, o["paths"]
     for n, p in enumerate(o["paths"], 1):

@@ -77,12 +77,14 @@ QUICK_START = [
     "gpumem replay memory.pickle --conf expandable_segments:True",
 ]
 MAIN_JOB = [
-    "gpumem simulate --out sim_out -- python examples/loss_history_leak.py",
-    "gpumem diff loss_leak_before.pickle loss_leak_after.pickle",
+    "gpumem simulate --out /tmp/gpumem_demo -- python examples/loss_history_leak.py "
+    "--prefix /tmp/gpumem_demo/loss_leak",
+    "gpumem diff /tmp/gpumem_demo/loss_leak_before.pickle /tmp/gpumem_demo/loss_leak_after.pickle",
 ]
 COMPILED = ["gpumem simulate --gpu L4 -- python examples/compiled_fit.py --mode reduce-overhead"]
-RANKS = ["gpumem simulate --nproc-per-node 2 --out sim_ranks -- examples/per_rank.py --backend nccl",
-         "gpumem summary sim_ranks"]
+RANKS = ["gpumem simulate --nproc-per-node 2 --out /tmp/gpumem_ranks -- examples/per_rank.py "
+         "--backend nccl --out /tmp/gpumem_ranks/per_rank.pickle",
+         "gpumem summary /tmp/gpumem_ranks"]
 FAST_TIER = ['python -m pytest -q -m "not slow" tests']
 DOCTOR = ["gpumem doctor"]
 GPU_SUITE = [
@@ -155,7 +157,8 @@ def clone(tmp_path_factory) -> tuple[Path, dict]:
             shutil.copy2(src, dst / name)
     for built in list((ROOT / "gpumem").glob("_C*.so")):
         shutil.copy2(built, dst / "gpumem" / built.name)
-    shutil.copytree(ROOT / "gpumem" / "_sim", dst / "gpumem" / "_sim", dirs_exist_ok=True)
+    lib = Path("gpumem", "sim", "_lib")
+    shutil.copytree(ROOT / lib, dst / lib, dirs_exist_ok=True)
     shared = ROOT.parent / "shared"
     if shared.is_dir():
         (base / "shared").symlink_to(shared)
@@ -165,13 +168,22 @@ def clone(tmp_path_factory) -> tuple[Path, dict]:
     (bin_dir / "gpumem").chmod(0o755)
     (bin_dir / "python").symlink_to(sys.executable)
     (dst / "train.py").write_text(TRAIN + readme_python())
-    env = _env({"PYTHONPATH": str(dst), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    (base / "tmp").mkdir()     # the README's /tmp/ folders, one per run of this module
+    env = _env({"PYTHONPATH": str(dst), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                "XDG_CACHE_HOME": str(base / "cache")})
     env.pop("GPUMEM_SIM_MEMORY", None)
     return dst, env
 
 
+def tmp_of(clone) -> Path:
+    """Where the README's /tmp/ paths point in this test's runs (so that two
+    runs of the suite never share a folder)."""
+    return clone[0].parent / "tmp"
+
+
 def run(clone, command: str, timeout: float = 600) -> subprocess.CompletedProcess:
     dst, env = clone
+    command = command.replace(" /tmp/", f" {tmp_of(clone)}/")
     proc = subprocess.run(["bash", "-c", command], cwd=dst, env=env, capture_output=True,
                           text=True, timeout=timeout)
     assert proc.returncode == 0, (command, proc.stdout[-3000:], proc.stderr[-5000:])
@@ -198,10 +210,14 @@ def test_quick_start(clone):
 @pytest.mark.slow
 def test_main_job_names_the_leaking_line(clone):
     dst = clone[0]
+    before = sorted(p.name for p in dst.iterdir())
     out = run(clone, MAIN_JOB[0])
-    assert (dst / "sim_out" / "snapshot.pickle").exists()
-    assert (dst / "sim_out" / "snapshot.html").exists()
+    demo = tmp_of(clone) / "gpumem_demo"
+    assert (demo / "snapshot.pickle").exists() and (demo / "snapshot.html").exists()
     diff = run(clone, MAIN_JOB[1]).stdout
+    # nothing lands in the clone (but build/, git-ignored, where a source
+    # checkout builds the simulated GPU's libraries on first use)
+    assert sorted({p.name for p in dst.iterdir()} - set(before) - {"build"}) == []
     top = diff.split("grew (", 1)[1].splitlines()[2]   # the first row under the header
     line = re.search(r"`(examples/loss_history_leak\.py:\d+)`", README.read_text()).group(1)
     assert f"{line}:main" in top and "(library code only)" not in top, diff
@@ -223,7 +239,11 @@ def test_compiled_fit_as_written(clone, compile_caches):
     out = proc.stdout
     assert "mode=reduce-overhead" in out and "L4" in out, out
     assert re.search(r"^fits in [\d.]+ GiB: yes", out, re.M), out
-    summary = json.loads((dst / "gpumem_simulate" / "summary.json").read_text())
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("gpumem simulate: writing into "), proc.stderr[-3000:]
+    folder = Path(first[len("gpumem simulate: writing into "):])
+    assert folder.parent == dst.parent / "cache" / "gpumem" / "simulate", folder
+    summary = json.loads((folder / "summary.json").read_text())
     assert summary["gpu"]["model"] == "L4" and summary["exit_status"] == 0
     assert len(summary["snapshots"]) == 1, summary["snapshots"]   # compile workers write none
 
@@ -231,14 +251,15 @@ def test_compiled_fit_as_written(clone, compile_caches):
 @pytest.mark.slow
 def test_ranks_as_written(clone):
     """The README's several-GPUs commands: 2 ranks, one simulated GPU each."""
-    dst = clone[0]
     out = run(clone, RANKS[0]).stdout
     table = out[out.index("per rank"):].splitlines()
     assert [line.split()[:2] for line in table[2:4]] == [["0", "0"], ["1", "1"]], out
     assert table[2].endswith("yes") and table[3].endswith("yes"), out
+    ranks = tmp_of(clone) / "gpumem_ranks"
     for r in (0, 1):
-        assert (dst / "sim_ranks" / f"snapshot_rank{r}.pickle").exists()
-        assert (dst / "sim_ranks" / f"snapshot_rank{r}.html").exists()
+        assert (ranks / f"snapshot_rank{r}.pickle").exists()
+        assert (ranks / f"snapshot_rank{r}.html").exists()
+        assert (ranks / f"per_rank_rank{r}.pickle").exists()
     summary = run(clone, RANKS[1]).stdout
     assert "snapshot_rank0.pickle" in summary and "snapshot_rank1.pickle" in summary, summary
     assert "examples/per_rank.py:" in summary, summary

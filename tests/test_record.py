@@ -1,12 +1,12 @@
 """gpumem.record() without torch: the recorder's rules on gpumem.Allocator objects.
 
 The pytest process never imports torch (see torch_helpers), so here
-gpumem._torch.install is replaced by one that reports "no CUDA torch", which
+gpumem.pytorch.installer.install is replaced by one that reports "no CUDA torch", which
 is the documented path where record() records gpumem.Allocator objects.
 Everything torch-specific (auto-install, torch's allocator already in use,
 OOM through the shim, ranks in subprocesses) is in test_record_torch.py and
 test_oom_dump.py, on the simulated GPU.  The OOM hook and GPUMEM_OOM_SNAPSHOT
-(gpumem._oom) are called here directly, as the shim and install() would.
+(gpumem.recording.oom) are called here directly, as the shim and install() would.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import threading
 import pytest
 
 import gpumem
-from gpumem import _oom, _torch, history
+from gpumem.recording import oom as _oom, history
+from gpumem.pytorch import installer as _torch
 
 _C = pytest.importorskip("gpumem._C")
-R = sys.modules["gpumem.record"]   # the module (gpumem.record is the function)
+R = sys.modules["gpumem.recording.recorder"]   # gpumem.record is the function
 
 MiB = 1 << 20
 

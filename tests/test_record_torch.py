@@ -28,7 +28,7 @@ mine = int(os.environ.get("RANK", "0")) + 1
 with gpumem.record(os.environ["SNAP"]) as rec:
     x = torch.empty(mine * 10 << 20, dtype=torch.uint8, device="cuda")
     time.sleep(0.3)          # both processes write at about the same time
-from gpumem.record import current_rank
+from gpumem.recording.recorder import current_rank
 emit({"written": rec.written, "rank": current_rank()})
 '''
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-import gpumem.replay as replay_mod
+import gpumem.snapshots.replay as replay_mod
 from gpumem._conf import parse_conf
-from gpumem._unpickle import SnapshotError, load_snapshot
-from gpumem.replay import (NO_TRACE_NOTE, OP_ALLOC, OP_FREE, OP_RELEASE, build_ops,
-                           recorded_conf, replay_file, replay_snapshot, round_size,
-                           traced_devices)
+from gpumem.snapshots.unpickle import SnapshotError, load_snapshot
+from gpumem.snapshots.replay import (NO_TRACE_NOTE, OP_ALLOC, OP_FREE, OP_RELEASE, build_ops,
+                                     recorded_conf, replay_file, replay_snapshot, round_size,
+                                     traced_devices)
 
 MiB, GiB = 1 << 20, 1 << 30
 SNAPSHOTS = Path(__file__).parent.parent.parent / "shared" / "snapshots"

@@ -5,7 +5,7 @@ allocator on the simulated GPU: ten streams with cross-stream frees and
 empty_cache, devices small enough that torch releases its cache and retries,
 with and without expandable segments.  Replayed under the settings they were
 recorded with, gpumem's peak reserved must be within 1% of torch's, and at or
-below it with expandable segments (gpumem/replay.py, Note [Replaying
+below it with expandable segments (gpumem/snapshots/replay.py, Note [Replaying
 releases]).  Without the releases the first trace replays at 1.41x torch.
 """
 
@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from gpumem._unpickle import load_snapshot
-from gpumem.replay import build_ops, recorded_conf, replay_device
+from gpumem.snapshots.unpickle import load_snapshot
+from gpumem.snapshots.replay import build_ops, recorded_conf, replay_device
 
 from sim_helpers import sim_lib_dir
 from torch_helpers import ROOT, _env

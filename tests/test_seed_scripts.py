@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumem import _unpickle
+from gpumem.snapshots import unpickle as _unpickle
 from sim_helpers import sim_lib_dir
 from torch_helpers import ROOT, _env, built_shim, run_py
 
@@ -50,7 +50,7 @@ def _run(appendix: str, allocator: str, tmp: Path):
     if allocator == "torch":
         cmd = [sys.executable, "-m", "gpumem.sim", "--", sys.executable, str(script)]
     else:
-        cmd = [sys.executable, "-m", "gpumem.simulate", "--out", "sim", "--no-view", "--",
+        cmd = [sys.executable, "-m", "gpumem.sim.command", "--out", "sim", "--no-view", "--",
                sys.executable, str(script)]
     # GPUMEM_SIM_LOG: the fakes log every call they refuse
     env = _env({"MPLBACKEND": "Agg", "GPUMEM_SIM_LOG": "-"})

@@ -1,4 +1,4 @@
-"""``gpumem simulate`` (gpumem/simulate.py, run as ``python -m gpumem.simulate``):
+"""``gpumem simulate`` (gpumem/sim/command.py, run as ``python -m gpumem.sim.command``):
 the script runs unchanged on the simulated GPU with gpumem recording, the
 report gives the peaks (kept across reset_peak_memory_stats) and whether the
 run fits, the snapshot, its viewer page and summary.json are written, an
@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from gpumem import simulate
+from gpumem.sim import command as simulate
 from torch_helpers import _env, built_shim
 
 
@@ -26,7 +26,8 @@ GiB = 1 << 30
 def run_simulate(tmp_path, script, *args, expect_rc=0):
     path = tmp_path / "script.py"
     path.write_text(textwrap.dedent(script))
-    proc = subprocess.run([sys.executable, "-m", "gpumem.simulate", "--out", str(tmp_path / "out"),
+    proc = subprocess.run([sys.executable, "-m", "gpumem.sim.command",
+                           "--out", str(tmp_path / "out"),
                            *args, "--", sys.executable, str(path)], capture_output=True,
                           text=True, cwd=tmp_path, env=_env(), timeout=300)
     assert proc.returncode == expect_rc, (proc.returncode, proc.stdout[-3000:],
@@ -116,7 +117,8 @@ def test_a_process_gpumem_cannot_be_installed_in_fails_the_run(tmp_path):
     path = tmp_path / "script.py"
     path.write_text("import torch\nx = torch.ones(4, device='cuda')\nprint('ran')\n")
     env = _env({"GPUMEM_CACHE_DIR": str(tmp_path / "empty-cache"), "GPUMEM_SHIM_BUILD": "0"})
-    proc = subprocess.run([sys.executable, "-m", "gpumem.simulate", "--out", str(tmp_path / "out"),
+    proc = subprocess.run([sys.executable, "-m", "gpumem.sim.command",
+                           "--out", str(tmp_path / "out"),
                            "--json", "--", sys.executable, str(path)], capture_output=True,
                           text=True, cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-3000:])
@@ -141,13 +143,33 @@ def test_a_process_that_never_uses_cuda_is_not_counted_unrecorded(tmp_path):
                     f"               env=dict(__import__('os').environ, GPUMEM_SHIM_BUILD='0',\n"
                     f"                        GPUMEM_CACHE_DIR={str(tmp_path / 'empty')!r}))\n"
                     f"import torch\nx = torch.ones(4, device='cuda')\n")
-    proc = subprocess.run([sys.executable, "-m", "gpumem.simulate", "--out", str(tmp_path / "out"),
+    proc = subprocess.run([sys.executable, "-m", "gpumem.sim.command",
+                           "--out", str(tmp_path / "out"),
                            "--json", "--", sys.executable, str(path)], capture_output=True,
                           text=True, cwd=tmp_path, env=_env(), timeout=300)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     report = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert report["unrecorded"] == 0 and report["fits"] is True, report
     assert "could not be installed" not in proc.stderr
+
+
+def test_without_out_nothing_is_written_into_the_working_directory(tmp_path):
+    """Issue 28: the default output went to ./gpumem_simulate, dirtying a
+    checkout.  It goes under the user's cache, and the first line says where."""
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    work.mkdir()
+    env = dict(_env(), XDG_CACHE_HOME=str(cache))
+    proc = subprocess.run([sys.executable, "-m", "gpumem", "simulate", "--no-view", "--",
+                           sys.executable, "-c", "print('hello')"], capture_output=True,
+                          text=True, cwd=work, env=env, timeout=300)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert list(work.iterdir()) == []
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("gpumem simulate: writing into "), proc.stderr
+    out = first[len("gpumem simulate: writing into "):]
+    assert os.path.dirname(out) == str(cache / "gpumem" / "simulate"), out
+    assert json.loads((cache / "gpumem" / "simulate" / os.path.basename(out)
+                       / "summary.json").read_text())["out"] == out
 
 
 def test_usage_errors(capsys):

@@ -1,6 +1,6 @@
 """Several simulated GPUs, one per rank: ``gpumem simulate --nproc-per-node N``
-(gpumem/_launch.py, gpumem/_rank_report.py) and ``gpumem summary DIR``
-(gpumem/_rank_summary.py).
+(gpumem/sim/torchrun.py, gpumem/sim/rank_report.py) and ``gpumem summary DIR``
+(gpumem/snapshots/rank_summary.py).
 
 Fast tests check the arguments (refused before anything runs), the launcher
 command built from each form of the script's command, the device count
@@ -22,8 +22,9 @@ import textwrap
 
 import pytest
 
-from gpumem import _launch, _rank_report, cli, simulate
-from gpumem._unpickle import load_snapshot
+from gpumem.sim import torchrun as _launch, rank_report as _rank_report, command as simulate
+from gpumem import cli
+from gpumem.snapshots.unpickle import load_snapshot
 from sim_helpers import needs_torch, sim_lib_dir
 from torch_helpers import _env, built_shim
 
@@ -236,7 +237,8 @@ def _simulate(tmp_path, script, *args, expect_rc=0, cmd=None):
     built_shim()
     path = tmp_path / "script.py"
     path.write_text(textwrap.dedent(script))
-    proc = subprocess.run([sys.executable, "-m", "gpumem.simulate", "--out", str(tmp_path / "out"),
+    proc = subprocess.run([sys.executable, "-m", "gpumem.sim.command",
+                           "--out", str(tmp_path / "out"),
                            *args, "--", *(cmd or [str(path)])], capture_output=True, text=True,
                           cwd=tmp_path, env=_env(), timeout=400)
     assert proc.returncode == expect_rc, (proc.returncode, proc.stdout[-3000:],

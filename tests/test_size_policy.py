@@ -10,7 +10,7 @@ import random
 import pytest
 
 from gpumem import _C
-from gpumem import replay as replay_mod
+from gpumem.snapshots import replay as replay_mod
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

@@ -17,10 +17,12 @@ import sys
 
 import pytest
 
-from gpumem import analysis, cli
+from gpumem.snapshots import origin, sites
+from gpumem import cli
 
 try:
-    from gpumem import _C, history
+    from gpumem import _C
+    from gpumem.recording import history
 except ImportError:  # pragma: no cover - the extension is not built
     _C = history = None
 
@@ -321,7 +323,7 @@ def test_optimizer_step_regions_are_step_markers(tmp_path, capsys):
 
 
 def test_sites_skip_library_frames():
-    st = analysis.StackTable()
+    st = sites.StackTable()
     user = {"filename": "/home/u/proj/train.py", "line": 12, "name": "step"}
     frames = [{"filename": "/venv/lib/python3.11/site-packages/torch/nn/functional.py",
                "line": 5, "name": "linear"},
@@ -400,7 +402,7 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 # A user's own code in folders named like each library package, on POSIX and
-# Windows, beside the same packages installed (gpumem/_origin.py).
+# Windows, beside the same packages installed (gpumem/snapshots/origin.py).
 USER_FILES = [f"/home/u/{name}/train.py" for name in ("torch", "torchgen", "functorch",
                                                       "triton", "gpumem")] + [
     "/home/u/gpumem/examples/loss_history_leak.py", "/srv/gpumem/gpumem/train.py",
@@ -412,19 +414,19 @@ LIBRARY_FILES = [
     "/opt/conda/lib/python3.10/site-packages/triton/runtime/jit.py",
     "/opt/conda/lib/python3.10/site-packages/torchgen/model.py",
     "/opt/conda/lib/python3.10/site-packages/functorch/__init__.py",
-    "/venv/lib/python3.12/site-packages/gpumem/record.py",
+    "/venv/lib/python3.12/site-packages/gpumem/recording/recorder.py",
     "C:\\venv\\Lib\\site-packages\\torch\\nn\\modules\\module.py",
     "/usr/lib/python3.11/contextlib.py", "/opt/py/lib/python3.13t/threading.py",
     "C:\\Python311\\Lib\\contextlib.py", "C:\\Python311\\Lib\\asyncio\\events.py",
     "/tmp/torchinductor_u/ab/cabc.py", "<frozen runpy>",
-    os.path.join(os.path.dirname(analysis.__file__), "record.py"),   # this gpumem
+    os.path.join(os.path.dirname(origin.__file__), "summary.py"),   # this gpumem
 ]
 
 
 @pytest.mark.parametrize("path", USER_FILES)
 def test_user_code_in_folders_named_like_libraries(path):
-    assert not analysis.is_library_file(path)
-    st = analysis.StackTable()
+    assert not origin.is_library_file(path)
+    st = sites.StackTable()
     frames = [{"filename": LIBRARY_FILES[0], "line": 5, "name": "linear"},
               {"filename": path, "line": 12, "name": "step"}]
     site = st.site_of_stack(st.intern(frames))
@@ -433,14 +435,14 @@ def test_user_code_in_folders_named_like_libraries(path):
 
 @pytest.mark.parametrize("path", LIBRARY_FILES)
 def test_installed_libraries_are_library_code(path):
-    assert analysis.is_library_file(path)
+    assert origin.is_library_file(path)
 
 
 def test_a_package_beside_this_interpreters_stdlib_is_not_the_stdlib():
     import sysconfig
     stdlib = sysconfig.get_paths()["stdlib"]
-    assert analysis.is_library_file(os.path.join(stdlib, "contextlib.py"))
-    st = analysis.StackTable()
+    assert origin.is_library_file(os.path.join(stdlib, "contextlib.py"))
+    st = sites.StackTable()
     einops = os.path.join(stdlib, "site-packages", "einops", "einops.py")
     frames = [{"filename": einops, "line": 3, "name": "rearrange"},
               {"filename": "/home/u/proj/train.py", "line": 12, "name": "step"}]

@@ -136,7 +136,7 @@ def test_numbers_too_large_to_store_are_clamped_at_install():
     under 1 TiB as 2**40 does, and keeps torch's clamped max_split_size."""
     o = run_gm('''
         x = torch.empty(84 * 2**20 + 1, dtype=torch.uint8, device="cuda")
-        from gpumem._torch import settings_in_effect
+        from gpumem.pytorch.installer import settings_in_effect
         s, source = settings_in_effect()
         emit({"divs": s["roundup_power2_divisions"], "split": s["max_split_size"],
               "source": source,
@@ -155,7 +155,7 @@ def test_numbers_too_large_to_store_are_clamped_at_install():
 @needs_torch
 def test_settings_fall_back_to_torchs_variable():
     proc = run_py('''
-        import json, gpumem._torch as t
+        import json, gpumem.pytorch.installer as t
         print(json.dumps(t.settings_in_effect()))
     ''', env={"PYTORCH_CUDA_ALLOC_CONF":
               "backend:native,expandable_segments:True,pinned_use_cuda_host_register:True,"
@@ -164,7 +164,7 @@ def test_settings_fall_back_to_torchs_variable():
     assert source == "PYTORCH_CUDA_ALLOC_CONF"
     assert conf["expandable_segments"] is True and conf["roundup_power2_divisions"][-1] == 4
     proc = run_py('''
-        import json, gpumem._torch as t
+        import json, gpumem.pytorch.installer as t
         print(json.dumps(t.settings_in_effect()))
     ''', env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
               "GPUMEM_ALLOC_CONF": "max_split_size_mb:64"})
@@ -252,7 +252,7 @@ def test_the_preview_leaves_torchs_keys_to_torch():
     """gpumem simulate and gpumem doctor check the settings without torch;
     they must not refuse a key torch takes (install() warns that gpumem
     ignores it) and must refuse one torch refuses."""
-    from gpumem._torch import AllocConfError, check_environment
+    from gpumem.pytorch.installer import AllocConfError, check_environment
     check_environment({"GPUMEM_ALLOC_CONF": "release_lock_on_cudamalloc:True,"
                                             "per_process_memory_fraction:0.5,"
                                             "expandable_segments:True"})
@@ -266,7 +266,7 @@ def test_the_preview_leaves_torchs_keys_to_torch():
 @needs_torch
 def test_torch_knows_every_key_the_preview_leaves_to_it():
     """TORCH_ONLY_KEYS is torch's own list: its parser takes each of them."""
-    from gpumem._torch import TORCH_ONLY_KEYS
+    from gpumem.pytorch.installer import TORCH_ONLY_KEYS
     proc = run_py(f'''
         import json, torch
         unknown = []

@@ -323,7 +323,7 @@ def test_snapshot_with_private_pools_replays_and_views(tmp_path):
     import subprocess
     import sys
 
-    from gpumem._unpickle import load_snapshot
+    from gpumem.snapshots.unpickle import load_snapshot
     from torch_helpers import ROOT
 
     path = tmp_path / "pools.pickle"

@@ -26,7 +26,7 @@ def shim_copy(tmp_path):
 
 CHECK = '''
     import json, sys
-    from gpumem import _shim_build as b
+    from gpumem.pytorch import shim_build as b
     out = {"dir": str(b.cache_dir()), "check": b.check()}
     try:
         m = b.load()
@@ -95,4 +95,4 @@ def test_install_without_a_shim_and_without_building_says_how(tmp_path):
             print("ERR", e)
     ''', env={"GPUMEM_CACHE_DIR": str(tmp_path / "empty")})
     assert "ERR gpumem.install(): no shim has been built" in proc.stdout, proc.stdout
-    assert "gpumem._shim_build.build()" in proc.stdout
+    assert "gpumem.pytorch.shim_build.build()" in proc.stdout

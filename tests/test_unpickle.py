@@ -1,4 +1,4 @@
-"""Safe snapshot loading: gpumem._unpickle."""
+"""Safe snapshot loading: gpumem.snapshots.unpickle."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import gpumem._unpickle as unpickle_mod
-from gpumem._unpickle import (Limits, SnapshotError, load_snapshot, loads_snapshot,
-                              normalize_snapshot)
+import gpumem.snapshots.unpickle as unpickle_mod
+from gpumem.snapshots.unpickle import (Limits, SnapshotError, load_snapshot, loads_snapshot,
+                                       normalize_snapshot)
 
 SNAPSHOTS = Path(__file__).parent.parent.parent / "shared" / "snapshots"
 REAL = sorted(SNAPSHOTS.glob("*.pickle")) if SNAPSHOTS.is_dir() else []
@@ -427,7 +427,7 @@ def test_memo_index_bombs_are_refused_before_unpickling():
 
 
 def test_the_memo_scan_agrees_with_every_pickler():
-    from gpumem._pickle_scan import memo_bomb
+    from gpumem.snapshots.pickle_scan import memo_bomb
     objs = [_snapshot(), {"s": ["x%d" % (i % 300) for i in range(5000)],
                           "l": [[i] * 3 for i in range(3000)], "f": 1.5, "b": b"\x00" * 300,
                           "t": (1, (2, 3)), "big": 1 << 3000, "neg": -(1 << 70)}]

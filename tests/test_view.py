@@ -12,8 +12,10 @@ import re
 
 import pytest
 
-from gpumem import analysis, cli, view
-from gpumem._unpickle import load_snapshot
+from gpumem.snapshots import timeline, view
+from gpumem.snapshots.summary import summarize
+from gpumem import cli
+from gpumem.snapshots.unpickle import load_snapshot
 
 from test_summary_diff import (LOSS_LINE, REAL_NAMES, HERE as SCENARIO_FILE, needs_c,
                                record_run)
@@ -72,7 +74,7 @@ def test_view_of_a_gpumem_snapshot(tmp_path, capsys):
     assert "http://" not in text and "https://" not in text
     data = page_data(out_html)
     check_timeline(data)
-    summary = analysis.summarize(load_snapshot(str(after)), str(after))
+    summary = summarize(load_snapshot(str(after)), str(after))
     assert data["header"]["peak_allocated"] == summary["devices"][0]["peak_allocated"]
     # The leaked losses are still allocated at the end and carry their stack.
     loss = f"{SCENARIO_FILE}:{LOSS_LINE}:compute_loss"
@@ -168,7 +170,7 @@ def test_caps_fold_and_merge():
     tl = data["timeline"]
     assert len(tl["bands"]) == 20 and len(tl["ev"]) <= 101
     # The bands are the largest allocations that are live at some sample.
-    m = analysis.build_device(snap, 0)
+    m = timeline.build_device(snap, 0)
     visible = sorted((size for size, s, e in zip(m.a_size, m.a_start, m.a_end)
                       if any(s <= x < e for x in tl["ev"])), reverse=True)
     assert sorted((b[2] for b in tl["bands"]), reverse=True) == visible[:20]
@@ -198,7 +200,7 @@ def test_view_of_real_snapshots(shared_snapshots, tmp_path, capsys, name):
     if not data["devices"]:  # an empty snapshot still gives a page
         assert data["timeline"] is None and data["segments"]["segs"] == []
         return
-    report = analysis.summarize(snap, path, device=data["device"])
+    report = summarize(snap, path, device=data["device"])
     dev = report["devices"][0]
     assert data["header"]["peak_allocated"] == dev["peak_allocated"]
     if data["timeline"] is not None:

@@ -1,4 +1,4 @@
-"""``gpumem view``'s memory-by-category chart (gpumem/view.py's categories
+"""``gpumem view``'s memory-by-category chart (gpumem/snapshots/view.py's categories
 payload, gpumem/viewer_static/viewer_categories.js): the payload on hand-built
 snapshots, and the page in headless Chromium (slow, like test_view_browser)."""
 
@@ -8,7 +8,8 @@ import pickle
 
 import pytest
 
-from gpumem import cli, view
+from gpumem import cli
+from gpumem.snapshots import view
 
 from test_categories import _snapshot
 

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from gpumem import cli, view
+from gpumem import cli
+from gpumem.snapshots import view
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 

@@ -38,7 +38,7 @@ def _skip_reason(torch_reason: Optional[str] = TORCH_REASON) -> Optional[str]:
         return torch_reason
     if not HAVE_CC:
         return "no C compiler (the simulator's libraries need one)"
-    proc = subprocess.run([sys.executable, "-m", "gpumem._shim_build", "--prerequisites"],
+    proc = subprocess.run([sys.executable, "-m", "gpumem.pytorch.shim_build", "--prerequisites"],
                           capture_output=True, text=True, cwd=ROOT, env=_env())
     if proc.returncode == 3:
         return "the torch shim cannot be built here: " + proc.stdout.strip()
@@ -69,7 +69,7 @@ def built_shim(torch_reason: Optional[str] = TORCH_REASON) -> Path:
     if why:
         pytest.skip(why)
     env = _env({"GPUMEM_SHIM_BUILD": "1"})
-    proc = subprocess.run([sys.executable, "-m", "gpumem._shim_build"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "gpumem.pytorch.shim_build"], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=900)
     assert proc.returncode == 0, f"building the torch shim failed:\n{proc.stderr[-6000:]}"
     return SHIM_CACHE

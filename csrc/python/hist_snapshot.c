@@ -2,7 +2,7 @@
  * hist_snapshot.c - the Python half of memory history: snapshot dicts in
  * torch's schema (events and frames here; segments and blocks through
  * segments.c, the builder Allocator.segments() uses too), plus the _C
- * functions behind gpumem.history and the capsule gpumem._C._hist_api.
+ * functions behind gpumem.recording.history and the capsule gpumem._C._hist_api.
  *
  * A snapshot is taken in two phases. gm_hist_copy (recorder.c) copies
  * segments, blocks and rings into plain C arrays under the allocator locks,
@@ -286,7 +286,7 @@ static PyObject *py_counts(PyObject *self, PyObject *unused) {
 static PyMethodDef snapshot_methods[] = {
     {"_hist_configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
      "_hist_configure(enabled, context, stacks_all=False, max_entries=1, clear_history=False, "
-     "skip_mask=0): levels as ints (see gpumem.history)"},
+     "skip_mask=0): levels as ints (see gpumem.recording.history)"},
     {"_hist_config", py_config, METH_NOARGS, "The recording configuration in force."},
     {"_hist_snapshot", (PyCFunction)(void (*)(void))py_snapshot, METH_VARARGS | METH_KEYWORDS,
      "_hist_snapshot(clamp=False, seqs=False) -> (segments, device_traces, settings or None"

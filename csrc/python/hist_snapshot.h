@@ -1,5 +1,5 @@
 /*
- * hist_snapshot.h - the _C functions behind gpumem.history (configuration,
+ * hist_snapshot.h - the _C functions behind gpumem.recording.history (configuration,
  * snapshots, metadata) and the capsule gpumem._C._hist_api
  * (hist_snapshot.c).
  */

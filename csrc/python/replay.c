@@ -1,9 +1,9 @@
 /*
  * replay.c - _C.replay: alloc/free/release op lists (from a snapshot's
- * trace, gpumem/replay.py) run through the core on a fresh virtual simulated
+ * trace, gpumem/snapshots/replay.py) run through the core on a fresh virtual simulated
  * device, for the fragmentation and speed figures of `gpumem replay`.
  * A release op is the core's empty_cache, where the trace shows torch
- * giving cached memory back (gpumem/replay.py, Note [Replaying releases]).
+ * giving cached memory back (gpumem/snapshots/replay.py, Note [Replaying releases]).
  *
  * Invariants: each call owns its virtual device and core, and destroys
  * both before returning; nothing is shared between calls. The loop runs

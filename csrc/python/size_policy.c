@@ -1,6 +1,6 @@
 /*
  * size_policy.c - the core's size policy for Python tools that must size
- * blocks as the allocator does (gpumem/replay.py): _C.round_size,
+ * blocks as the allocator does (gpumem/snapshots/replay.py): _C.round_size,
  * _C.is_small and _C.segment_size wrap gm_size_round, gm_size_is_small and
  * gm_size_segment; plus the size constants (MIN_BLOCK_SIZE, SMALL_SIZE,
  * SMALL_BUFFER, LARGE_BUFFER, MAX_REQUEST) and _C.format_size, the byte-count text of

@@ -4,7 +4,7 @@
  * allocator (recordHistory, snapshot, user metadata), and the
  * record_function annotations torch keeps beside the trace.
  *
- * gpumem records history itself (csrc/history); gpumem.history routes
+ * gpumem records history itself (csrc/history); gpumem.recording.history routes
  * torch's Python functions to it. This file serves what reaches the
  * allocator from C++ instead:
  *   - capture(): the thread's TorchScript frames, if it is inside the
@@ -15,7 +15,7 @@
  *     cannot be told from its pointer);
  *   - snapshot(): segments and blocks for C++ callers such as
  *     torch::cuda::_memory_snapshot_pickled, without frames or traces (those
- *     need gpumem's snapshot, gpumem.history.snapshot);
+ *     need gpumem's snapshot, gpumem.recording.history.snapshot);
  *   - set/getUserMetadata(): the calling thread's user_metadata;
  *   - Note [Annotations]: record_function ranges while recording.
  * Must not: hold a core lock while calling torch or Python.
@@ -169,7 +169,7 @@ std::string GpumemAllocator::getUserMetadata() {
  *   record_function ranges (torch.profiler.record_function, user scopes) of
  *   the recording thread, or of every thread, as the snapshot's
  *   external_annotations: {name, stage START|END, device, time_us}.
- * Approach: gpumem.history turns the same callbacks on and off with
+ * Approach: gpumem.recording.history turns the same callbacks on and off with
  *   recording (set_annotations); they append to one list under a mutex,
  *   read by annotations() when a snapshot is taken and cleared when
  *   recording stops.

@@ -1,7 +1,7 @@
 /*
  * gm_torch_module.cpp - the Python module of the torch shim (built by
- * gpumem/_shim_build.py with torch.utils.cpp_extension; imported only by
- * gpumem/_torch.py and gpumem/stats.py).
+ * gpumem/pytorch/shim_build.py with torch.utils.cpp_extension; imported only by
+ * gpumem/pytorch/installer.py and gpumem/pytorch/stats.py).
  *
  * At import it fetches gpumem._C's capsules (_core_api, _hist_api) and
  * refuses to load against a core whose table layout it was not built for.
@@ -30,7 +30,7 @@ using gpumem::GpumemAllocator;
  *   at the failure (before the exception unwinds and frees the frames'
  *   tensors) and the exception message should name the file. torch's OOM
  *   observers cannot change the message, so gpumem.record registers its own
- *   hook here (gpumem/_oom.py, _on_oom).
+ *   hook here (gpumem/recording/oom.py, _on_oom).
  * Approach: throw_oom calls run_oom_hook after the core has returned GM_EOOM
  *   (its lock released, the `oom` event already in the device's ring) and
  *   before the observers and the throw. The hook is a strong reference
@@ -153,7 +153,7 @@ const T* import_capsule(const char* name, unsigned version, const char* what) {
     throw py::import_error(std::string("gpumem's torch shim was built for ") + what + " version " +
                            std::to_string(version) + " but gpumem._C provides version " +
                            std::to_string(have) +
-                           "; rebuild the shim with gpumem._shim_build.build(force=True)");
+                           "; rebuild the shim with gpumem.pytorch.shim_build.build(force=True)");
   return api;
 }
 

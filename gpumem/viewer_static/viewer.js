@@ -1,4 +1,4 @@
-/* gpumem view: draws the data gpumem/view.py embeds in #gpumem-data.
+/* gpumem view: draws the data gpumem/snapshots/view.py embeds in #gpumem-data.
  *
  * Written for gpumem, plain JavaScript and <canvas>, no libraries and no network.
  * Three views share one tooltip: the allocated-memory timeline (bands stacked in

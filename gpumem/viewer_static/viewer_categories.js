@@ -1,5 +1,5 @@
 /* gpumem view: allocated memory stacked by category (snapshots recorded with
- * categories=True; gpumem/view.py embeds D.categories = {names, series, at_peak,
+ * categories=True; gpumem/snapshots/view.py embeds D.categories = {names, series, at_peak,
  * at_end}, series[k][j] being category k's bytes at timeline sample j).
  *
  * Written for gpumem, plain JavaScript and <canvas>.  Runs after viewer.js and

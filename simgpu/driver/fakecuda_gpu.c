@@ -4,7 +4,7 @@
  *
  * Without GPUMEM_SIM_GPU the device is an H100 SXM5 80GB, as the fake
  * always was. gpumem simulate --gpu MODEL sets GPUMEM_SIM_GPU to the
- * model's properties (gpumem/sim_gpus.py holds the presets, from NVIDIA's
+ * model's properties (gpumem/sim/gpus.py holds the presets, from NVIDIA's
  * published specifications), as ';'-separated key=value pairs:
  *
  *   name=NVIDIA L4;sm=58;cc=8.9;threads_per_sm=1536;blocks_per_sm=24;

@@ -6,11 +6,11 @@ gpumem's simulator (``gpumem simulate -- python -m pytest tests/gpu``).
 gpumem's fake driver named by GPUMEM_LIBCUDA alone, outside the simulator,
 is not a GPU: torch cannot use it.
 Whether there is one is asked once per session, in a fresh process
-(``python -m gpumem._cudadriver``), so nothing an earlier test loaded into
+(``python -m gpumem.checkup.cudadriver``), so nothing an earlier test loaded into
 the pytest process (a fake libcuda.so.1, say) can pass for a GPU.
 
-Fixtures: ``gpu`` (what the probe found: gpumem._cudadriver.probe()),
-``driver`` (a gpumem._cudadriver.Driver on it, initialised).
+Fixtures: ``gpu`` (what the probe found: gpumem.checkup.cudadriver.probe()),
+``driver`` (a gpumem.checkup.cudadriver.Driver on it, initialised).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def gpu():
 
 @pytest.fixture(scope="session")
 def driver(gpu):
-    from gpumem._cudadriver import Driver
+    from gpumem.checkup.cudadriver import Driver
     drv = Driver()
     drv.init()
     yield drv

@@ -1,7 +1,7 @@
 """Helpers of tests/gpu (no tests here).
 
 gpu_probe(): whether this process's CUDA driver reports a GPU, asked in a
-    fresh process (gpumem._cudadriver's probe), once per session.
+    fresh process (gpumem.checkup.cudadriver's probe), once per session.
 child_env(): the environment of a child process that runs torch on the GPU
     with the allocator it chooses itself: the shim cache of the tests
     (tests/torch_helpers.py), and none of the variables by which
@@ -10,7 +10,7 @@ run_torch(code, allocator): ``code`` in a child after PRELUDE, which imports
     torch and, for allocator "gpumem", calls gpumem.install(); the child
     prints one JSON line last (emit), which is returned parsed.
 tolerance(gpu): how far the driver's figure may be from the allocator's
-    (Note [Self-test tolerance] in gpumem/_selftest.py).
+    (Note [Self-test tolerance] in gpumem/checkup/selftest.py).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def driver_used(device=0):
 def gpu_probe() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    proc = subprocess.run([sys.executable, "-m", "gpumem._cudadriver"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "gpumem.checkup.cudadriver"], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=120)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -63,7 +63,7 @@ def gpu_probe() -> dict:
 
 
 def tolerance(gpu: dict) -> int:
-    from gpumem._selftest import REAL_TOLERANCE
+    from gpumem.checkup.selftest import REAL_TOLERANCE
     return 0 if gpu["simulated"] else REAL_TOLERANCE
 
 

@@ -20,7 +20,7 @@ STEPS = ["allocate", "free", "split", "expandable", "cross-stream", "oom"]
 
 @pytest.fixture(scope="module")
 def selftest(driver):
-    from gpumem import _selftest
+    from gpumem.checkup import selftest as _selftest
     return _selftest.run(0, driver=driver)
 
 

@@ -70,7 +70,7 @@ def test_tensors_stats_empty_cache_and_oom(gpu, allocator, expandable):
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_record_stream_waits_for_a_busy_stream(gpu, allocator):
     o = run_torch('''
-        from gpumem._cudadriver import Driver
+        from gpumem.checkup.cudadriver import Driver
         drv = Driver(); drv.init()
         side = torch.cuda.Stream()
         x = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumem import _unpickle
+from gpumem.snapshots import unpickle as _unpickle
 from sim_helpers import ROOT, needs_torch, sim_lib_dir
 from torch_helpers import _env, built_shim
 
@@ -53,7 +53,7 @@ def launch(cwd: Path, world: int, how: str, argv: list, env=None, memory=None):
         port = s.getsockname()[1]
     mem = ["--memory", memory] if memory else []
     if how == "simulate":
-        pre = [sys.executable, "-m", "gpumem.simulate", "--devices", str(world), "--out", "sim",
+        pre = [sys.executable, "-m", "gpumem.sim.command", "--devices", str(world), "--out", "sim",
                "--no-view", *mem, "--"]
     else:
         pre = [sys.executable, "-m", "gpumem.sim", "--devices", str(world), *mem, "--"]

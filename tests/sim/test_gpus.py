@@ -1,4 +1,4 @@
-"""Named GPU models on the simulator (gpumem.sim_gpus, --gpu MODEL).
+"""Named GPU models on the simulator (gpumem.sim.gpus, --gpu MODEL).
 
 The presets reach torch through the fake driver, and sizes torch derives
 from the device (the staging buffer of a reduction follows the SM count and
@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from gpumem import sim_gpus
+from gpumem.sim import gpus as sim_gpus
 from sim_helpers import needs_torch, run_sim
 
 PROPS = textwrap.dedent('''

@@ -14,7 +14,7 @@ from torch_helpers import run_gm
 pytestmark = pytest.mark.slow  # torch subprocesses: left out of the fast tier
 
 MiB, GiB = 1 << 20, 1 << 30
-H100_CONTEXT = 514 * MiB  # gpumem/sim_gpus.py: 250 MiB + 1 KiB x 132 SMs x 2048 threads
+H100_CONTEXT = 514 * MiB  # gpumem/sim/gpus.py: 250 MiB + 1 KiB x 132 SMs x 2048 threads
 
 ALLOCATORS = pytest.mark.parametrize("install", [False, True], ids=["torch", "gpumem"])
 

@@ -280,7 +280,7 @@ def test_nothing_is_faked_without_the_launcher():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[-1])
-    sim_dirs = (str(libdir), str(ROOT / "gpumem" / "_sim"), str(ROOT / "build" / "sim"))
+    sim_dirs = (str(libdir), str(ROOT / "gpumem" / "sim" / "_lib"), str(ROOT / "build" / "sim"))
     faked = [p for p in out["paths"] if p.startswith(sim_dirs)]
     assert faked == [] and out["preload"] == ""
     # torch's CUDA libraries that did load are NVIDIA's own

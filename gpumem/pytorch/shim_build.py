@@ -1,0 +1,403 @@
+"""Building, caching and validating gpumem's torch shim (csrc/torch, C++).
+
+The shim is compiled against the installed torch's headers with
+``torch.utils.cpp_extension`` (ninja) into a per-torch cache directory:
+
+    $GPUMEM_CACHE_DIR (else $XDG_CACHE_HOME/gpumem, else ~/.cache/gpumem)
+        /shim-<torch version>-cu<CUDA version>-abi<0|1>-<python cache tag>/
+            gpumem_torch_shim.so
+            gpumem_torch_shim.json   <- what it was built for
+
+The JSON file records the torch version and git revision, the CUDA
+version, the C++ ABI flag, the Python tag, gpumem's core API version and a
+SHA-256 of the shim's sources.  ``load()`` compares every field with the
+running process before importing the library: a shim built for anything
+else is rebuilt (or, with ``GPUMEM_SHIM_BUILD=0``, refused with a message
+naming the difference).  It is never imported blindly.
+
+``build(verbose=False, force=False)`` is the explicit command.  Concurrent
+builds (several ranks starting at once) are serialised by a file lock; the
+ones that wait then find the finished build and load it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["ShimBuildError", "MODULE_NAME", "cache_dir", "expected_info", "check", "build",
+           "load", "source_dir", "missing_prerequisite", "prerequisites", "CLI_COMMAND"]
+
+MODULE_NAME = "gpumem_torch_shim"
+_INFO_FILE = MODULE_NAME + ".json"
+#: Bumped when the build recipe below changes in a way the sources do not show.
+_RECIPE = 1
+_SOURCES = ("torch/gm_torch.h", "torch/gm_torch_alloc.cpp", "torch/gm_torch_config.cpp",
+            "torch/gm_torch_history.cpp", "torch/gm_torch_module.cpp", "torch/gm_torch_oom.cpp",
+            "torch/gm_torch_pools.cpp", "torch/gm_torch_stats.cpp")
+_HEADERS = ("python/core_api.h", "history/hist.h", "core/gm_alloc.h", "base/errors.h", "base/format.h",
+            "device/backend.h")
+# Fields that must match for a cached shim to be loaded, with their names in messages.
+_MUST_MATCH = (("torch_version", "torch version"), ("torch_git", "torch git revision"),
+               ("cuda", "torch CUDA version"), ("cxx11_abi", "C++ ABI flag"),
+               ("python", "Python"), ("core_api", "gpumem core API version"),
+               ("sources_sha256", "shim sources"))
+
+
+class ShimBuildError(RuntimeError):
+    """The torch shim cannot be built or loaded; the message says why and what to do."""
+
+
+def source_dir() -> Path:
+    """csrc/ holding the shim's sources (a source checkout or an editable install)."""
+    env = os.environ.get("GPUMEM_SHIM_SRC")
+    candidates = [Path(env)] if env else []
+    pkg = Path(__file__).resolve().parent.parent    # gpumem/
+    candidates += [pkg.parent / "csrc", pkg / "_csrc"]
+    for c in candidates:
+        if all((c / s).is_file() for s in _SOURCES + _HEADERS):
+            return c
+    raise ShimBuildError(
+        "gpumem's torch shim sources (csrc/torch/*.cpp) are not available next to this gpumem "
+        f"installation (looked in {', '.join(str(c) for c in candidates)}); install gpumem from "
+        "a source checkout (pip install -e .) or set GPUMEM_SHIM_SRC to its csrc directory")
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise ShimBuildError(f"gpumem's torch shim needs PyTorch, which cannot be imported ({e}); "
+                             "install torch with CUDA support first") from None
+    return torch
+
+
+def _sources_sha256(src: Path) -> str:
+    h = hashlib.sha256(f"recipe {_RECIPE}\n".encode())
+    for rel in _SOURCES + _HEADERS:
+        h.update(rel.encode() + b"\0")
+        h.update((src / rel).read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _core_api_version() -> int:
+    from gpumem import _C
+    return int(_C.CORE_API_VERSION)
+
+
+def expected_info(src: Path | None = None) -> dict[str, Any]:
+    """What a shim for this process must have been built for."""
+    torch = _torch()
+    src = src or source_dir()
+    return {
+        "torch_version": torch.__version__,
+        "torch_git": getattr(torch.version, "git_version", "") or "",
+        "cuda": torch.version.cuda or "",
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+        "python": f"{sys.implementation.cache_tag}-{sysconfig.get_platform()}",
+        "core_api": _core_api_version(),
+        "sources_sha256": _sources_sha256(src),
+    }
+
+
+def cache_dir(info: dict[str, Any] | None = None) -> Path:
+    """The directory the shim for this torch is built into (not created here)."""
+    torch = _torch()
+    root = os.environ.get("GPUMEM_CACHE_DIR")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(xdg, "gpumem")
+    abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    name = (f"shim-{torch.__version__}-cu{torch.version.cuda or 'none'}-abi{abi}-"
+            f"{sys.implementation.cache_tag}")
+    return Path(root) / name.replace(os.sep, "_")
+
+
+def _library(d: Path) -> Path:
+    return d / (MODULE_NAME + ".so")
+
+
+def check(d: Path | None = None) -> tuple[bool, str]:
+    """(True, '') if the cached shim matches this process, else (False, why)."""
+    info = expected_info()
+    d = d or cache_dir(info)
+    lib, meta = _library(d), d / _INFO_FILE
+    if not lib.is_file() or not meta.is_file():
+        return False, f"no shim has been built in {d} yet"
+    try:
+        built = json.loads(meta.read_text())
+    except (OSError, ValueError) as e:
+        return False, f"the shim's build record {meta} is unreadable ({e})"
+    diffs = [f"{label}: built for {built.get(key)!r}, running {info[key]!r}"
+             for key, label in _MUST_MATCH if built.get(key) != info[key]]
+    if diffs:
+        return False, f"the shim in {d} was built for a different setup ({'; '.join(diffs)})"
+    return True, ""
+
+
+def _cuda_include() -> str:
+    """A directory with cuda_runtime_api.h (torch's CUDA headers include it)."""
+    torch = _torch()
+    cands = [os.environ.get("GPUMEM_CUDA_INCLUDE", "")]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if home:
+            cands.append(os.path.join(home, "include"))
+    cands += ["/usr/local/cuda/include"]
+    major = (torch.version.cuda or "").split(".")[0]
+    for pkg, subdirs in (("nvidia", (f"cu{major}/include", "cuda_runtime/include")),
+                         ("triton", ("backends/nvidia/include",))):
+        spec = importlib.util.find_spec(pkg)
+        for base in (spec.submodule_search_locations or []) if spec else []:
+            cands += [os.path.join(base, sub) for sub in subdirs]
+    for c in cands:
+        # crt/host_defines.h too: some wheels ship cuda_runtime_api.h without it.
+        if c and all(os.path.isfile(os.path.join(c, f))
+                     for f in ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h"))):
+            return c
+    raise ShimBuildError(
+        "building gpumem's torch shim needs the CUDA runtime headers (cuda_runtime_api.h), "
+        "which torch's CUDA headers include; none were found (install the CUDA toolkit, or the "
+        f"nvidia-cuda-runtime wheel matching CUDA {torch.version.cuda}, or set "
+        "GPUMEM_CUDA_INCLUDE to a directory holding cuda_runtime_api.h)")
+
+
+def _cpp_extension():
+    import logging
+    # Its import logs a warning about CUDA_HOME that does not concern a C++-only build.
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        log.setLevel(level)
+    return cpp_extension
+
+
+def _find_cxx() -> str:
+    cxx = os.environ.get("CXX", "c++")
+    path = shutil.which(cxx.split()[0])
+    if not path:
+        raise ShimBuildError(f"building gpumem's torch shim needs a C++ compiler; {cxx!r} was "
+                             "not found (install g++, or set CXX)")
+    return path
+
+
+def _find_ninja() -> str:
+    path = shutil.which("ninja")
+    if not path or not _cpp_extension().is_ninja_available():
+        raise ShimBuildError("building gpumem's torch shim needs ninja, which was not found "
+                             "(pip install ninja)")
+    return path
+
+
+def _check_tools() -> None:
+    _find_cxx()
+    _find_ninja()
+
+
+@contextmanager
+def _locked(d: Path) -> Iterator[None]:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        f = open(d / ".gpumem-build.lock", "a+")
+    except OSError as e:
+        raise ShimBuildError(f"cannot use {d} for gpumem's torch shim ({e.strerror}); set "
+                             "GPUMEM_CACHE_DIR to a writable directory") from None
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=str(path.parent))
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _compile(d: Path, info: dict[str, Any], verbose: bool):
+    torch = _torch()
+    _check_tools()
+    cpp_extension = _cpp_extension()
+    src = source_dir()
+    lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    t0 = time.monotonic()
+    # Once per torch version: the one line a first install() prints.
+    print(f"gpumem: building its torch shim for torch {torch.__version__} (once per torch "
+          f"version, about 10 s) into {d} (GPUMEM_CACHE_DIR moves the cache)",
+          file=sys.stderr, flush=True)
+    try:
+        module = cpp_extension.load(
+            name=MODULE_NAME,
+            sources=[str(src / s) for s in _SOURCES if s.endswith(".cpp")],
+            extra_cflags=["-O2", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
+                          # ninja runs the command through sh: quote for it.
+                          "-DGM_TORCH_VERSION='\"" + torch.__version__.replace("'", "") + "\"'"],
+            extra_include_paths=[_cuda_include()],
+            extra_ldflags=[f"-L{lib_dir}", "-ltorch_cuda", "-lc10_cuda"],
+            build_directory=str(d),
+            with_cuda=False,
+            verbose=verbose,
+        )
+    except (RuntimeError, OSError, ImportError) as e:
+        raise ShimBuildError(f"building gpumem's torch shim in {d} failed: {e}") from e
+    record = dict(info)
+    record.update(built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  build_seconds=round(time.monotonic() - t0, 1),
+                  compiler=os.environ.get("CXX", "c++"))
+    _write_json(d / _INFO_FILE, record)
+    return module
+
+
+def prerequisites() -> list[tuple[str, bool, str]]:
+    """What a build of the shim needs, each checked: (what, found, where or why not)."""
+    items = []
+    for what, find in (("PyTorch", lambda: f"torch {_torch().__version__}"),
+                       ("shim sources", lambda: str(source_dir())),
+                       ("C++ compiler", _find_cxx), ("ninja", _find_ninja),
+                       ("CUDA runtime headers", _cuda_include)):
+        try:
+            items.append((what, True, find()))
+        except ShimBuildError as e:
+            items.append((what, False, str(e)))
+    return items
+
+
+def missing_prerequisite() -> str | None:
+    """Why the shim cannot be built here (no torch, compiler, ninja, headers,
+    sources), or None when everything a build needs is present."""
+    return next((why for _, found, why in prerequisites() if not found), None)
+
+
+def _import(d: Path):
+    mod = sys.modules.get(MODULE_NAME)
+    if mod is not None:
+        return mod
+    path = str(_library(d))
+    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, path)
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        loader.exec_module(module)
+    except ImportError as e:
+        raise ShimBuildError(f"gpumem's torch shim {path} did not load: {e}; rebuild it with "
+                             "gpumem.pytorch.shim_build.build(force=True)") from e
+    sys.modules[MODULE_NAME] = module
+    return module
+
+
+def _verify(module) -> None:
+    torch = _torch()
+    info = module.build_info()
+    core = _core_api_version()
+    if info["torch_version"] != torch.__version__ or info["core_api_version"] != core:
+        raise ShimBuildError(
+            f"gpumem's torch shim reports torch {info['torch_version']} / core API "
+            f"{info['core_api_version']}, but this process runs torch {torch.__version__} / core "
+            f"API {core}; rebuild it with gpumem.pytorch.shim_build.build(force=True)")
+
+
+def build(verbose: bool = False, force: bool = False) -> Path:
+    """Build the shim for the running torch unless an up-to-date one is cached.
+
+    Returns the path of the built library.  force=True rebuilds regardless.
+    Raises ShimBuildError with the reason when it cannot be built.
+    """
+    info = expected_info()
+    d = cache_dir(info)
+    with _locked(d):
+        ok, _ = check(d)
+        if force or not ok:
+            if force:
+                for p in (d / _INFO_FILE, _library(d)):
+                    p.unlink(missing_ok=True)
+            module = _compile(d, info, verbose)
+            sys.modules.setdefault(MODULE_NAME, module)
+    return _library(d)
+
+
+def load(allow_build: bool | None = None, verbose: bool = False):
+    """Import the shim for this process, building it first if needed and allowed.
+
+    allow_build defaults to True unless GPUMEM_SHIM_BUILD=0.  A cached shim
+    built for anything else (see check()) is rebuilt, or refused when
+    building is not allowed.
+    """
+    mod = sys.modules.get(MODULE_NAME)
+    if mod is not None:
+        return mod
+    if allow_build is None:
+        allow_build = os.environ.get("GPUMEM_SHIM_BUILD", "1").strip() not in ("0", "false", "no")
+    info = expected_info()
+    d = cache_dir(info)
+    ok, why = check(d)
+    if not ok:
+        if not allow_build:
+            raise ShimBuildError(f"{why}; gpumem will not load it. Build it with "
+                                 "gpumem.pytorch.shim_build.build() (GPUMEM_SHIM_BUILD=0 is "
+                                 "set, so install() does not build it by itself)")
+        build(verbose=verbose)
+    module = _import(d)
+    _verify(module)
+    return module
+
+
+def _add_cli_args(p) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="rebuild even if the cached shim is current")
+    p.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output")
+    p.add_argument("--check", action="store_true",
+                   help="only report whether the cached shim matches this torch (exit 1 if not)")
+
+
+def _run_cli(args) -> int:
+    """`python -m gpumem build-shim`: one line of output, one line per error."""
+    try:
+        if args.check:
+            ok, why = check()
+            state = "up to date" if ok else "not usable: " + why
+            print(f"gpumem: shim in {cache_dir()} is {state}")
+            return 0 if ok else 1
+        t0 = time.monotonic()
+        path = build(verbose=args.verbose, force=args.force)
+    except ShimBuildError as e:
+        print(f"gpumem: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    print(f"{path} ({time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+#: (help, add_arguments, run) for gpumem.cli.COMMANDS["build-shim"].
+CLI_COMMAND = ("build gpumem's torch shim for the installed torch into its cache (reused while "
+               "torch and the sources are unchanged)", _add_cli_args, _run_cli)
+
+
+# python -m gpumem.pytorch.shim_build [-v] [--force] [--check] [--prerequisites]
+if __name__ == "__main__":
+    if "--prerequisites" in sys.argv:  # exit 3 and say why if a build is impossible here
+        why = missing_prerequisite()
+        if why:
+            print(why)
+            sys.exit(3)
+        sys.exit(0)
+    import argparse
+    _parser = argparse.ArgumentParser(prog="python -m gpumem.pytorch.shim_build")
+    _add_cli_args(_parser)
+    sys.exit(_run_cli(_parser.parse_args()))

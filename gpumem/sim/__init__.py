@@ -1,0 +1,297 @@
+"""Run a program on a simulated GPU: PyTorch's own CUDA build, no GPU needed.
+
+    python -m gpumem.sim [--memory 80GiB] [--devices N] [--events MODE]
+                         [--log PATH|-] [--report PATH] -- CMD [ARGS...]
+
+The simulator is a set of fake NVIDIA libraries (a CUDA driver
+``libcuda.so.1``, NVML ``libnvidia-ml.so.1``, runtime ``libcudart.so.13``,
+``libcublas.so.13``, ``libcublasLt.so.13``, cuDNN ``libcudnn.so.9`` and NCCL ``libnccl.so.2``; sources and design in
+simgpu/README.md). "Device"
+memory is host memory reserved with MAP_NORESERVE, so an 80 GiB device costs
+only what the program touches; kernels and GEMMs do nothing, copies and
+memsets really copy. Allocation, caching, streams, events, out-of-memory and
+PyTorch's memory statistics and snapshots behave as on a real device, which
+is what the simulator is for: memory behaviour, not numbers.
+
+The launcher puts the fakes in front of the real libraries with LD_PRELOAD
+(PyTorch's wheels use DT_RPATH, which beats LD_LIBRARY_PATH) and execs CMD.
+Nothing is faked unless the launcher or ``run_snippet`` is used: importing
+gpumem or this module loads no fake library.
+
+Options (also environment variables the fakes read, set by the launcher):
+  --memory SIZE     capacity of each device (GPUMEM_SIM_MEMORY; default 80GiB)
+  --devices N       number of devices (GPUMEM_SIM_DEVICES; default 1)
+  --events MODE     when recorded events complete (GPUMEM_SIM_EVENTS):
+                    timeline (default: kernels, copies and memsets take
+                    simulated time on their stream; an event completes when
+                    the simulated host clock reaches it), immediate, never
+                    (until synchronized), after:N (after N polls)
+  --log PATH|-      note every unimplemented CUDA call once (GPUMEM_SIM_LOG)
+  --report PATH     write a JSON report at exit (GPUMEM_SIM_REPORT): calls made,
+                    device capacity, peak and leaks per device
+  --no-host-memory  device memory holds no data and costs no host memory
+                    (GPUMEM_FAKECUDA_NO_HOST_MEMORY=1): copies to the device
+                    store nothing, copies back yield zeros; every memory
+                    figure is unchanged. For models larger than this
+                    machine's memory (docs/simulation.md)
+
+Where the libraries come from: $GPUMEM_SIM_LIB_DIR if set; else, in a
+source checkout, build/sim/ (built on demand from simgpu/ with ``cc`` and
+kept up to date); else gpumem/sim/_lib/ (built by setup.py at install time).
+
+The launcher's modules, bottom to top:
+  gpus         the GPU models --gpu names (memory size, compute capability)
+  __init__     this module: the environment and the launcher, run_snippet
+  torchrun     --nproc-per-node: the elastic launcher's command, the device count
+  rank_report  the per-rank lines of gpumem simulate's report
+  child        what runs inside each Python process of a gpumem simulate run
+  command      gpumem simulate: run a script, report its peak, write the snapshot
+  __main__     python -m gpumem.sim
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+__all__ = ["SimError", "lib_dir", "libraries", "sim_env", "run_snippet", "main", "parse_size",
+           "CUDA_MAJOR"]
+
+CUDA_MAJOR = 13
+SIM_DIR = Path(__file__).resolve().parent
+PKG_DIR = SIM_DIR.parent
+SOURCE_ROOT = PKG_DIR.parent
+SIM_SOURCES = SOURCE_ROOT / "simgpu"
+
+
+class SimError(RuntimeError):
+    """The simulator cannot run: libraries missing or unbuildable, bad option."""
+
+
+def sonames(cuda_major: int = CUDA_MAJOR) -> List[str]:
+    """The fake libraries, in LD_PRELOAD order (driver first)."""
+    return ["libcuda.so.1", "libnvidia-ml.so.1", f"libcudart.so.{cuda_major}",
+            f"libcublasLt.so.{cuda_major}", f"libcublas.so.{cuda_major}", "libcudnn.so.9",
+            "libnccl.so.2"]
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
+          "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40,
+          "tb": 10**12}
+
+
+def parse_size(text: Union[str, int]) -> int:
+    """'80GiB', '512MiB', '2GB', '4096' -> bytes (the fake driver's grammar)."""
+    if isinstance(text, int):
+        if text <= 0:
+            raise SimError(f"memory size must be positive, got {text}")
+        return text
+    m = re.fullmatch(r"\s*(\d{1,30})\s*([A-Za-z]*)\s*", str(text), re.ASCII)
+    if not m or m.group(2).lower() not in _UNITS or int(m.group(1)) == 0:
+        raise SimError(f"bad memory size {text!r}: use an integer with an optional unit, "
+                       "such as 80GiB, 512MiB or 1048576")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _check_events(mode: str) -> str:
+    if mode in ("timeline", "immediate", "never") or re.fullmatch(r"after:\d+", mode):
+        return mode
+    raise SimError(f"bad event mode {mode!r}: use timeline, immediate, never or after:N")
+
+
+def _load_builder():
+    name = "gpumem_csrc_sim_build"
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, SIM_SOURCES / "build.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def _complete(d: Path, cuda_major: int) -> bool:
+    return all((d / n).is_file() for n in sonames(cuda_major))
+
+
+_checked: Dict[int, Path] = {}  # source-tree builds already brought up to date
+
+
+def lib_dir(cuda_major: int = CUDA_MAJOR, *, build: bool = True) -> Path:
+    """The directory holding the fake libraries (see the module docstring)."""
+    env = os.environ.get("GPUMEM_SIM_LIB_DIR")
+    if env:
+        d = Path(env)
+        if not _complete(d, cuda_major):
+            raise SimError(f"GPUMEM_SIM_LIB_DIR={env} does not hold {', '.join(sonames(cuda_major))}")
+        return d
+    if (SIM_SOURCES / "build.py").is_file() and build:
+        if cuda_major in _checked:
+            return _checked[cuda_major]
+        out = SOURCE_ROOT / "build" / "sim"
+        builder = _load_builder()
+        try:
+            builder.build_sim_libs(out, cuda_major=cuda_major)
+        except builder.BuildError as exc:
+            raise SimError(f"building the simulator's libraries failed: {exc}") from exc
+        _checked[cuda_major] = out
+        return out
+    installed = SIM_DIR / "_lib"
+    if _complete(installed, cuda_major):
+        return installed
+    raise SimError("the simulator's libraries are not installed (gpumem/sim/_lib is missing; "
+                   "reinstall gpumem with a C compiler available, or set GPUMEM_SIM_LIB_DIR)")
+
+
+def libraries(cuda_major: int = CUDA_MAJOR) -> Dict[str, Path]:
+    """{soname: path} of the fake libraries, in LD_PRELOAD order."""
+    d = lib_dir(cuda_major)
+    return {n: d / n for n in sonames(cuda_major)}
+
+
+def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = None,
+            events: Optional[str] = None, log: Optional[str] = None, report: Optional[str] = None,
+            base: Optional[Mapping[str, str]] = None, cuda_major: int = CUDA_MAJOR,
+            gpu: Optional[str] = None, no_host_memory: Optional[bool] = None) -> Dict[str, str]:
+    """The environment a process needs to run on the simulator.
+
+    no_host_memory: True sets GPUMEM_FAKECUDA_NO_HOST_MEMORY=1 (device
+    memory holds no data: copies to the device store nothing, copies back
+    yield zeros), False sets it to 0; None leaves the environment's value.
+
+    gpu: a GPU model of gpumem.sim.gpus (default H100-SXM-80GB, unless
+    GPUMEM_SIM_GPU is already set); its memory is the default for
+    ``memory``, and its context memory is charged when CUDA initialises
+    (GPUMEM_SIM_CONTEXT_MEMORY overrides it).
+
+    base: the environment to start from (default os.environ). The fakes go
+    in front of any LD_PRELOAD already there; GPUMEM_LIBCUDA points gpumem's
+    CUDA backend at the same fake driver, and TRITON_LIBCUDA_PATH (unless
+    set) Triton, so torch.compile works with no setup.
+    """
+    env = dict(os.environ if base is None else base)
+    libs = libraries(cuda_major)
+    preload = [str(p) for p in libs.values()]
+    if env.get("LD_PRELOAD"):
+        preload.append(env["LD_PRELOAD"])
+    env["LD_PRELOAD"] = ":".join(preload)
+    env["GPUMEM_SIM_LIB_DIR"] = str(next(iter(libs.values())).parent)
+    env["GPUMEM_LIBCUDA"] = str(libs["libcuda.so.1"])
+    # Triton links its launcher against libcuda.so.1 from this directory
+    # (triton/backends/nvidia/driver.py, libcuda_dirs()); a user's own
+    # setting wins.
+    env.setdefault("TRITON_LIBCUDA_PATH", env["GPUMEM_SIM_LIB_DIR"])
+    from gpumem.sim import gpus as sim_gpus
+    if gpu is not None:
+        try:
+            model = sim_gpus.lookup(gpu)
+        except ValueError as e:
+            raise SimError(f"--gpu: {e}") from None
+        env["GPUMEM_SIM_GPU"] = sim_gpus.spec(model)
+        if memory is None:
+            memory = model["memory"]
+    elif not env.get("GPUMEM_SIM_GPU"):
+        # the default model, named so that its context memory and
+        # bandwidths apply (the bare driver charges no context)
+        env["GPUMEM_SIM_GPU"] = sim_gpus.spec(sim_gpus.lookup(sim_gpus.DEFAULT))
+    if memory is not None:
+        env["GPUMEM_SIM_MEMORY"] = str(parse_size(memory))
+    if devices is not None:
+        if not 0 <= int(devices) <= 16:
+            raise SimError(f"--devices must be from 0 to 16, got {devices}")
+        env["GPUMEM_SIM_DEVICES"] = str(int(devices))
+    if events is not None:
+        env["GPUMEM_SIM_EVENTS"] = _check_events(events)
+    if log is not None:
+        env["GPUMEM_SIM_LOG"] = log
+    if report is not None:
+        env["GPUMEM_SIM_REPORT"] = str(Path(report).absolute())
+    if no_host_memory is not None:
+        env["GPUMEM_FAKECUDA_NO_HOST_MEMORY"] = "1" if no_host_memory else "0"
+    # NVML-based device checks would look for real GPUs.
+    env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+    return env
+
+
+def run_snippet(code: str, *, memory: Union[str, int, None] = "80GiB", devices: int = 1,
+                events: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+                timeout: float = 600, args: Sequence[str] = (),
+                gpu: Optional[str] = None,
+                no_host_memory: Optional[bool] = None) -> Tuple[int, str, str]:
+    """Run ``python -c code`` on the simulator; (returncode, stdout, stderr).
+
+    env: extra variables on top of the current environment; no_host_memory:
+    as sim_env's.
+    """
+    base = dict(os.environ)
+    if env:
+        base.update(env)
+    full = sim_env(memory=memory, devices=devices, events=events, base=base, gpu=gpu,
+                   no_host_memory=no_host_memory)
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=full, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _gpu_names() -> List[str]:
+    from gpumem.sim import gpus as sim_gpus
+    return list(sim_gpus.MODELS)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(
+        prog="python -m gpumem.sim",
+        description="Run CMD with PyTorch's CUDA build on a simulated GPU.",
+        epilog="Example: python -m gpumem.sim --memory 80GiB -- python train.py")
+    ap.add_argument("--gpu", default=None, metavar="MODEL",
+                    help="the GPU model to simulate (default H100-SXM-80GB); one of: "
+                         + ", ".join(_gpu_names()))
+    ap.add_argument("--memory", default=None,
+                    help="capacity per device, e.g. 80GiB (default: the model's memory)")
+    ap.add_argument("--devices", type=int, default=None, help="number of devices (default 1)")
+    ap.add_argument("--events", default=None, help="timeline | immediate | never | after:N (default timeline)")
+    ap.add_argument("--log", default=None, metavar="PATH|-",
+                    help="log unimplemented CUDA calls once each ('-' for stderr)")
+    ap.add_argument("--report", default=None, metavar="PATH", help="write a JSON report at exit")
+    ap.add_argument("--no-host-memory", action="store_true",
+                    help="device memory holds no data and costs no host memory: copies to the "
+                         "device store nothing, copies back yield zeros; memory figures are "
+                         "unchanged")
+    ap.add_argument("--print-env", action="store_true",
+                    help="print the environment variables to export instead of running CMD")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    args = ap.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    try:
+        env = sim_env(memory=args.memory, devices=args.devices, events=args.events,
+                      log="stderr" if args.log == "-" else args.log, report=args.report,
+                      gpu=args.gpu, no_host_memory=True if args.no_host_memory else None)
+    except SimError as exc:
+        print(f"gpumem.sim: error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_env:
+        keys = ["LD_PRELOAD", "GPUMEM_LIBCUDA", "GPUMEM_SIM_LIB_DIR"] + sorted(
+            k for k in env if k.startswith("GPUMEM_SIM_") and k != "GPUMEM_SIM_LIB_DIR"
+            or k == "GPUMEM_FAKECUDA_NO_HOST_MEMORY")
+        for k in keys:
+            if k in env:
+                print(f"export {k}={shlex.quote(env[k])}")
+        return 0
+    if not cmd:
+        ap.print_usage(sys.stderr)
+        print("gpumem.sim: error: no command given (put it after --)", file=sys.stderr)
+        return 2
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as exc:
+        print(f"gpumem.sim: error: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+    return 0  # not reached

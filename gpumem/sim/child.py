@@ -1,0 +1,259 @@
+"""The child side of ``gpumem simulate``: what runs inside every Python process of the run.
+
+The run's sitecustomize (gpumem/sim/command.py, Note [Setting up the child])
+calls _child_setup(); once ``import torch`` has finished, _activate()
+installs gpumem, starts recording, keeps each device's peaks across
+torch.cuda.reset_peak_memory_stats(), and, at exit, _child_finish() writes
+the process's snapshot and its statistics (JSON) for the parent to read.
+Nothing here may raise into the script: failures are reported on stderr
+and the script runs on.
+
+Note [The script's own recording]
+Rationale: most scripts written after PyTorch's memory-snapshot articles turn
+  recording off at the end (torch.cuda.memory._record_memory_history(
+  enabled=None)), which also clears the history: simulate's own snapshot,
+  taken at exit, was then empty, and its page showed nothing.
+Approach: in the child, the script's calls that would stop recording
+  (enabled=None or False, record_cuda=False) are counted and otherwise
+  ignored, so recording goes on with the settings in force; calls that start
+  or change it take effect.  Every snapshot the script writes itself
+  (torch.cuda.memory._dump_snapshot, gpumem.dump_snapshot, gpumem.record)
+  is noted and named in the report.
+Limitations: a history the script cleared by stopping is not cleared, so a
+  dump after it restarts holds the earlier events too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+from typing import Any, Optional
+
+__all__ = ["ENV_OUT", "ENV_STATS", "ENV_PARENT", "ENV_ENTRIES", "ENV_CATEGORIES"]
+
+ENV_OUT = "GPUMEM_SIMULATE_OUT"
+ENV_STATS = "GPUMEM_SIMULATE_STATS"
+ENV_PARENT = "GPUMEM_SIMULATE_PARENT"
+ENV_ENTRIES = "GPUMEM_SIMULATE_MAX_ENTRIES"
+ENV_CATEGORIES = "GPUMEM_SIMULATE_CATEGORIES"   # "1": record categories (--categories)
+
+
+class _TorchImportHook:
+    """A meta path finder that runs _activate() once ``import torch`` has finished.
+
+    It stays on sys.meta_path until torch's module has really executed: a
+    script, or a library such as transformers, may ask
+    ``importlib.util.find_spec("torch")`` before importing it, and the spec
+    handed out then is not the one ``import torch`` will use."""
+
+    def __init__(self) -> None:
+        self._finding = False   # finding torch's real spec: step aside
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch" or self._finding:
+            return None
+        import importlib.util
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec("torch")
+        finally:
+            self._finding = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
+            original(module)
+            _activate()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+_peaks: dict[int, dict[str, int]] = {}   # device -> highest peaks seen before resets
+_active_child = False
+
+
+def _child_setup() -> None:
+    """Called by the run's sitecustomize in every Python process."""
+    if not os.environ.get(ENV_STATS):
+        return
+    if "torch" in sys.modules:
+        _activate()
+    else:
+        sys.meta_path.insert(0, _TorchImportHook())
+
+
+def _activate() -> None:
+    """gpumem.install() and recording, right after torch is imported; never raises."""
+    global _active_child
+    if _active_child:
+        return
+    _active_child = True
+    import atexit
+    try:
+        import gpumem
+        from gpumem.recording import history
+        gpumem.install()
+        entries = int(os.environ.get(ENV_ENTRIES) or 100_000)
+        history.record_memory_history("all", "all", "python", entries,
+                                      categories=_categories_on())
+        _wrap_reset_peaks()
+        _keep_recording(sys.modules["torch"], history)
+    except Exception as e:  # the script still runs, on torch's allocator
+        atexit.register(_report_unrecorded, f"{type(e).__name__}: {e}")
+        return
+    from gpumem.recording.recorder import current_rank
+    _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "rank": current_rank(),
+                  "incomplete": True})
+    atexit.register(_child_finish)
+
+
+def _categories_on() -> bool:
+    return os.environ.get(ENV_CATEGORIES) == "1"
+
+
+_script_dumps: list[str] = []       # snapshots the script wrote itself
+_script_stops = 0                   # its calls that would have stopped recording
+_own_dump = False                   # True while simulate writes its own snapshot
+
+
+def _keep_recording(torch: Any, history: Any) -> None:
+    """Note [The script's own recording]: stop calls are ignored, the script's
+    own snapshot files are noted."""
+    original = history._record_memory_history
+
+    def _record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+        global _script_stops
+        if enabled is None or enabled is False or kwargs.get("record_cuda") is False:
+            _script_stops += 1
+            return
+        if _categories_on():   # the script's settings, with categories kept on
+            kwargs["categories"] = True
+        original(enabled, *args, **kwargs)
+
+    for module in (torch.cuda.memory, torch.cuda):
+        if getattr(module, "_record_memory_history", None) is original:
+            module._record_memory_history = _record_memory_history
+    write = history.write_snapshot
+
+    def write_snapshot(snap: dict, filename: Any, **kwargs: Any) -> None:
+        write(snap, filename, **kwargs)
+        path = os.path.abspath(os.fspath(filename))
+        if not _own_dump and path not in _script_dumps:
+            _script_dumps.append(path)
+
+    history.write_snapshot = write_snapshot
+
+
+def _report_unrecorded(why: str) -> None:
+    """atexit, when install() failed: only a process that then used the GPU
+    (on torch's allocator, unmeasured) is reported; one that imported torch
+    without touching CUDA (a helper checking versions, say) cost nothing."""
+    torch = sys.modules.get("torch")
+    try:
+        used = torch is not None and torch.cuda.is_initialized()
+    except Exception:  # noqa: BLE001 - a half-imported torch: report it
+        used = True
+    if not used:
+        return
+    sys.stderr.write(f"gpumem simulate: gpumem could not be installed in this process ({why}); "
+                     f"it ran without recording\n")
+    _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "install_error": why})
+
+
+def _write_stats(out: dict) -> None:
+    try:
+        target = os.path.join(os.environ[ENV_STATS], f"{os.getpid()}.json")
+        with open(target + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(out, f)
+        os.replace(target + ".tmp", target)
+    except OSError as e:
+        sys.stderr.write(f"gpumem simulate: cannot write this process's statistics: {e}\n")
+
+
+def _wrap_reset_peaks() -> None:
+    """Keep each device's peaks across resets (every reset goes through shim.reset_peak)."""
+    from gpumem.pytorch import shim_state as _shim_state
+    shim = _shim_state.shim()
+    original = shim.reset_peak
+
+    def reset_peak(device: int) -> None:
+        _note_peaks()
+        original(device)
+
+    shim.reset_peak = reset_peak
+
+
+def _note_peaks() -> dict[int, dict[str, int]]:
+    from gpumem.pytorch import shim_state as _shim_state
+    shim = _shim_state.shim()
+    for d in shim.devices():
+        st = shim.stats(d)
+        cur = _peaks.setdefault(d, {"allocated": 0, "reserved": 0})
+        cur["allocated"] = max(cur["allocated"], st.get("allocated_bytes.all.peak", 0))
+        cur["reserved"] = max(cur["reserved"], st.get("reserved_bytes.all.peak", 0))
+        cur["num_ooms"] = st.get("num_ooms", 0)
+        cur["allocated_end"] = st.get("allocated_bytes.all.current", 0)
+        cur["reserved_end"] = st.get("reserved_bytes.all.current", 0)
+        used = _device_peak_used(d)
+        if used is not None:
+            cur["device_peak"] = used
+    return _peaks
+
+
+def _device_peak_used(device: int) -> Optional[int]:
+    """The most memory the simulated device ever had in use: torch's allocator's
+    segments, the CUDA context, and what else asked the driver (the fake NCCL's
+    buffers, cudaMalloc by libraries); None off the simulator."""
+    try:
+        query = ctypes.CDLL("libcuda.so.1").fakecuda_query
+    except (OSError, AttributeError):
+        return None
+    query.argtypes, query.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_longlong
+    v = query(b"peak_bytes_used", device)
+    return int(v) if v >= 0 else None
+
+
+def _child_name() -> str:
+    from gpumem.recording.recorder import current_rank
+    rank = current_rank()
+    if rank is not None:
+        return f"snapshot_rank{rank}.pickle"
+    if str(os.getppid()) == os.environ.get(ENV_PARENT):
+        return "snapshot.pickle"
+    return f"snapshot_pid{os.getpid()}.pickle"
+
+
+def _child_finish() -> None:
+    """atexit: this process's snapshot and statistics for the parent."""
+    global _own_dump
+    out: dict[str, Any] = {"pid": os.getpid(), "argv": sys.argv[:8], "snapshot": None,
+                           "error": None, "devices": {}, "oom_snapshots": []}
+    try:
+        import torch
+        from gpumem.recording import history
+        from gpumem.recording.recorder import current_rank, oom_snapshots_written
+        out["rank"] = current_rank()
+        out["oom_snapshots"] = oom_snapshots_written()
+        if torch.cuda.is_initialized():
+            out["devices"] = {str(d): v for d, v in _note_peaks().items()}
+        # A process that used no device memory through gpumem (Inductor's
+        # compile workers initialise CUDA to read the device's properties)
+        # has nothing to show: no snapshot, no viewer page.
+        if out["devices"]:
+            path = os.path.join(os.environ[ENV_OUT], _child_name())
+            _own_dump = True
+            history.dump_snapshot(path)
+            out["snapshot"] = path
+        out["script_snapshots"] = [p for p in _script_dumps if p not in out["oom_snapshots"]]
+        out["script_stops"] = _script_stops
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    _write_stats(out)

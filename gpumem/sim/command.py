@@ -1,0 +1,494 @@
+"""``gpumem simulate``: run a training script on the simulated GPU and report its memory.
+
+    gpumem simulate [--gpu MODEL] [--memory 80GiB] [--devices N] [--out DIR] -- python train.py ...
+    gpumem simulate --nproc-per-node N [...] -- train.py ...   (N ranks: gpumem/sim/torchrun.py)
+    python -m gpumem.sim.command ...                  (the same, without the gpumem command)
+
+The command runs on the simulator (gpumem.sim: PyTorch's own CUDA build over
+fake CUDA libraries, device memory that costs only what is touched) with
+gpumem installed and recording in every Python process of the run, then
+prints the peak memory per device and whether it fits, writes the snapshot
+and the offline viewer page (gpumem view) into DIR, and exits with the
+command's exit status.  Settings gpumem.install() would refuse
+(GPUMEM_ALLOC_CONF, or GPUMEM_OOM_RECORDING) are refused before the command
+runs (status 2); if gpumem still cannot be installed in a process of the
+run, the report says so and the status is 2 when the command itself
+succeeded.  Out-of-memory errors write snapshots into DIR too
+(GPUMEM_OOM_SNAPSHOT, unless it is already set).  Without --out, DIR is a
+new folder under the user's cache (default_out), never the working
+directory, and the first line printed names it.
+
+Note [Setting up the child]
+Rationale: the script must run unchanged (``python train.py``, ``python -m
+  pkg``, torchrun and the workers it starts), and gpumem must be installed
+  before the script's first CUDA tensor.
+Approach: a sitecustomize.py in a temporary directory is put first on
+  PYTHONPATH.  In every Python process it imports nothing heavy: it puts a
+  finder on sys.meta_path that, once ``import torch`` has finished, calls
+  gpumem.install() and starts recording (then chains to the sitecustomize it
+  shadows, if any).  An atexit handler of each process that used CUDA writes
+  its snapshot (snapshot.pickle for the command itself, _rank<N> or _pid<N>
+  for the others) and its statistics, which the parent reads afterwards.
+  Peaks survive torch.cuda.reset_peak_memory_stats(): the wrapper keeps the
+  highest values seen before each reset.
+Limitations: ``python -S``/``-I``/``-E`` skip sitecustomize or PYTHONPATH, so
+  such a process is not recorded; a process killed by a signal or os._exit()
+  writes no snapshot or statistics (OOM snapshots are written at the error);
+  a script may replace the recording settings with its own
+  (gpumem.record(...) clears the history when it starts), but its calls
+  that stop recording are ignored (Note [The script's own recording] in
+  gpumem/sim/child.py, where the child's side lives).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+from gpumem.sim import torchrun as _launch, rank_report as _rank_report
+from gpumem._format import format_bytes
+from gpumem.sim.child import ENV_CATEGORIES, ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
+
+__all__ = ["HELP", "LIMITS", "add_arguments", "run", "main"]
+
+HELP = ("run a script on a simulated GPU with gpumem recording: peak memory, whether it fits, "
+        "a snapshot and its viewer page")
+LIMITS = ("limits of the simulation: kernels compute nothing, so there are no numerical results "
+          "(losses, accuracies and printed values are meaningless); shapes that depend on data "
+          "(nonzero, boolean masks, unique, control flow on tensor values) are unreliable; cuDNN's "
+          "workspaces are the simulator's own deterministic choices (NVIDIA publishes none) and "
+          "cuDNN RNNs, CTC loss and grid sampling are not simulated; the CUDA context's memory is "
+          "an estimate for the model (NVIDIA publishes none); NCCL's buffers follow its documented "
+          "defaults with 16 channels, and ranks exchange no data; memory libraries allocate "
+          "inside the real cuBLAS and cuDNN is not modelled; peaks are gpumem's "
+          "allocator's, which rounds and caches like torch's")
+
+
+_SITECUSTOMIZE = '''\
+# Written by `gpumem simulate` (gpumem/sim/command.py, Note [Setting up the child]).
+import os as _os, sys as _sys
+try:
+    from gpumem.sim.child import _child_setup
+    _child_setup()
+except Exception as _e:
+    _sys.stderr.write("gpumem simulate: cannot record in this process: %s\\n" % (_e,))
+def _chain():
+    import importlib.util
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    for d in _sys.path:
+        p = _os.path.join(d or _os.getcwd(), "sitecustomize.py")
+        if _os.path.abspath(d or _os.getcwd()) != here and _os.path.isfile(p):
+            spec = importlib.util.spec_from_file_location("_gpumem_chained_sitecustomize", p)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            return
+try:
+    _chain()
+except Exception as _e:
+    _sys.stderr.write("gpumem simulate: the shadowed sitecustomize failed: %s\\n" % (_e,))
+'''
+
+
+# -------------------------------------------------------------- the parent
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``gpumem simulate`` (for cli.COMMANDS)."""
+    from gpumem.sim import gpus as sim_gpus
+    p.add_argument("--gpu", default=sim_gpus.DEFAULT, metavar="MODEL",
+                   help="the GPU model each simulated GPU is: its name, SM count, compute "
+                        "capability, shared memory, L2 and memory (default "
+                        f"{sim_gpus.DEFAULT}; one of {sim_gpus.names_line()})")
+    p.add_argument("--memory", default=None, metavar="SIZE",
+                   help="memory of each simulated GPU, e.g. 80GiB, 24GiB, 512MiB (default: "
+                        "the model's)")
+    p.add_argument("--devices", type=int, default=None, metavar="N",
+                   help="number of simulated GPUs (default 1; N under --nproc-per-node N or "
+                        "a torchrun command's --nproc-per-node N)")
+    _launch.add_arguments(p)
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="where the snapshots, viewer pages and summary.json go (default: a "
+                        "new folder under $XDG_CACHE_HOME/gpumem/simulate or "
+                        "~/.cache/gpumem/simulate, never the working directory; the first "
+                        "line printed names it)")
+    p.add_argument("--max-entries", type=int, default=100_000, metavar="N",
+                   help="allocator events kept per device, newest last (default 100000)")
+    p.add_argument("--no-view", action="store_true", help="do not write the viewer pages")
+    p.add_argument("--categories", action="store_true",
+                   help="also record what each allocation is for (parameter, gradient, "
+                        "optimizer state, activation, ...) and report the terms of the "
+                        "estimation equation, measured")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON (it is also written to DIR/summary.json)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="the command to run, usually: python train.py ARGS")
+
+
+def default_out() -> str:
+    """Where a run writes without --out: a new folder named by the time and the
+    process under the user's cache ($XDG_CACHE_HOME/gpumem/simulate, else
+    ~/.cache/gpumem/simulate, else the temporary folder's gpumem-UID/simulate),
+    so that a run never writes into the working tree unless asked."""
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):   # unset, or relative (which the XDG spec ignores)
+        home = os.path.expanduser("~")
+        cache = os.path.join(home, ".cache") if os.path.isabs(home) else ""
+    base = (os.path.join(cache, "gpumem") if cache
+            else os.path.join(tempfile.gettempdir(), f"gpumem-{os.getuid()}"))
+    name = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+    return os.path.join(base, "simulate", name)
+
+
+def _error(msg: str) -> int:
+    print(f"gpumem: error: {' '.join(msg.split())}", file=sys.stderr)
+    return 2
+
+
+def _exit_status(rc: int) -> int:
+    return 128 - rc if rc < 0 else rc   # killed by signal N: 128 + N, as shells report it
+
+
+def _read_stats(stats_dir: str) -> list[dict]:
+    procs = []
+    for name in sorted(os.listdir(stats_dir)) if os.path.isdir(stats_dir) else []:
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(stats_dir, name), encoding="utf-8") as f:
+                    procs.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+    procs.sort(key=lambda p: (p.get("snapshot") is None, p.get("rank") or 0, p.get("pid") or 0))
+    return procs
+
+
+def _new_oom_files(out: str, since: float) -> list[str]:
+    found = []
+    for name in os.listdir(out):
+        path = os.path.join(out, name)
+        if name.startswith("oom_") and name.endswith(".pickle"):
+            try:
+                if os.path.getmtime(path) >= since - 1:
+                    found.append(path)
+            except OSError:
+                continue
+    return found
+
+
+def _views(procs: list[dict], oom_files: list[str], out: str) -> dict[str, Any]:
+    """The viewer page of each snapshot, in --out (gpumem view's write_view)."""
+    try:
+        from gpumem.snapshots.view import default_output, write_view
+    except ImportError as e:
+        return {"error": f"the viewer is not available ({e})"}
+    pages: dict[str, Any] = {}
+    for path in [p["snapshot"] for p in procs if p.get("snapshot")] + oom_files:
+        page = os.path.join(out, os.path.basename(default_output(path)))
+        try:
+            pages[path] = write_view(path, page)["output"]
+        except Exception as e:  # a page that cannot be written is reported, not fatal
+            pages[path] = {"error": f"{type(e).__name__}: {e}"}
+    return pages
+
+
+def _equations(snapshots: list[str]) -> dict[str, Any]:
+    """Per snapshot, per device: the estimation equation's terms, measured
+    (gpumem.categories.report.equation_terms)."""
+    from gpumem.categories import report as category_report
+    from gpumem.snapshots.unpickle import load_snapshot
+    from gpumem.snapshots.timeline import build_device, devices_of
+    out: dict[str, Any] = {}
+    for path in snapshots:
+        try:
+            snap = load_snapshot(path)
+            if not category_report.has_table(snap):
+                continue
+            rows = {}
+            for d in devices_of(snap):
+                m = build_device(snap, d)
+                cats = category_report.allocation_categories(snap, m)
+                terms = category_report.equation_terms(snap, m, cats)
+                terms["at_peak"] = category_report.breakdown(m, cats, m.peak_index)
+                rows[str(d)] = terms
+            out[path] = rows
+        except Exception as e:  # reported, not fatal
+            out[path] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def _equation_lines(eqs: dict[str, Any]) -> list[str]:
+    fb = format_bytes
+    lines = []
+    for path, rows in eqs.items():
+        if "error" in rows:
+            lines.append(f"categories of {path}: not read ({rows['error']})")
+            continue
+        for d, t in rows.items():
+            gi = t["gradients_plus_optimizer_intermediates"]
+            lines.append(f"estimation equation, measured (device {d}, each term at its own peak):")
+            lines.append(f"  parameters {fb(t['parameters'])} + optimizer state "
+                         f"{fb(t['optimizer_state'])} + max(gradients + optimizer intermediates "
+                         f"{fb(gi)}, activations {fb(t['activations'])}) = {fb(t['estimate'])}")
+            lines.append(f"    (gradients {fb(t['gradients'])}, optimizer intermediates "
+                         f"{fb(t['optimizer_intermediates'])})")
+            if t.get("peak_branch"):
+                a = t["at_peak"]
+                lines.append(f"  measured peak allocated {fb(t['measured_peak'])}: the "
+                             f"{t['peak_branch'].replace('_', ' ')} branch sets it (at the peak: "
+                             f"activations {fb(a['activation'])}, gradients "
+                             f"{fb(a['gradient'])}); not in the equation: temporaries "
+                             f"{fb(a['temporary'])}, autograd detail "
+                             f"{fb(a['autograd_detail'])}, inputs {fb(a['input'])}, unknown "
+                             f"{fb(a['unknown'])}")
+    return lines
+
+
+def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs: list[dict],
+            oom_files: list[str], pages: dict, seconds: float,
+            context: int = 0) -> dict[str, Any]:
+    """context: device memory the CUDA context holds, which no allocation can
+    have: the script fits if its peak fits in memory - context."""
+    unrecorded = [p for p in procs if p.get("install_error")]
+    crashed = [p for p in procs if p.get("incomplete")]
+    procs = [p for p in procs if not p.get("incomplete") and not p.get("install_error")]
+    rows = []
+    for p in procs:
+        for d, v in sorted((p.get("devices") or {}).items(), key=lambda kv: int(kv[0])):
+            rows.append({"pid": p.get("pid"), "rank": p.get("rank"), "device": int(d),
+                         "peak_allocated": v.get("allocated", 0),
+                         "peak_reserved": v.get("reserved", 0), "num_ooms": v.get("num_ooms", 0),
+                         "allocated_at_exit": v.get("allocated_end", 0),
+                         "reserved_at_exit": v.get("reserved_end", 0),
+                         "device_peak": v.get("device_peak")})
+    ooms = sum(r["num_ooms"] for r in rows) or len(oom_files)
+    peak = max((r["peak_reserved"] for r in rows), default=None)
+    verdict = None
+    if ooms and rc == 0 and rows:
+        fits, verdict = None, "not everything it tried"
+        why = (f"the script ran out of memory {_times(ooms)}, caught the error and finished "
+               f"with status 0; peak reserved {format_bytes(peak)}, "
+               f"{100.0 * peak / memory:.1f}% of the device; the allocation that failed is in "
+               f"the OOM snapshot")
+    elif ooms:
+        fits, why = False, f"{ooms} allocation(s) failed with out of memory"
+    elif unrecorded:
+        fits, why = None, (f"gpumem could not be installed in {len(unrecorded)} process(es) "
+                           "using torch, so their memory was not measured")
+    elif not rows:
+        fits, why = None, ("no CUDA memory was used" if procs else
+                           "the command never imported torch")
+        if crashed:
+            why = (f"no statistics: {len(crashed)} process(es) using torch did not exit "
+                   "normally (killed, crashed or os._exit)")
+    else:
+        usable = max(memory - context, 0)
+        fits = all(_rank_report.row_fits(r, memory, usable) for r in rows)
+        why = f"peak reserved {format_bytes(peak)}, {100.0 * peak / memory:.1f}% of the device"
+        if context:
+            why += (f"; the CUDA context holds {format_bytes(context)}, leaving "
+                    f"{format_bytes(usable)}")
+        device_peak = max((r["device_peak"] or 0 for r in rows), default=0)
+        if device_peak > peak + context:
+            why += (f"; with memory outside the allocator (NCCL's buffers, libraries' own "
+                    f"cudaMalloc) the device held at most {format_bytes(device_peak)}")
+    if verdict is None:
+        verdict = {True: "yes", False: "no", None: "unknown"}[fits]
+    return {"command": cmd, "exit_status": rc, "seconds": round(seconds, 3), "memory": memory,
+            "context_memory": context, "devices": devices, "out": out, "per_device": rows,
+            "fits": fits, "fits_reason": why,
+            "verdict": verdict,
+            "snapshots": [p["snapshot"] for p in procs if p.get("snapshot")],
+            "script_snapshots": sorted({f for p in procs for f in p.get("script_snapshots") or []}),
+            "script_stops": sum(p.get("script_stops") or 0 for p in procs),
+            "oom_snapshots": oom_files, "views": pages,
+            "errors": [f"pid {p.get('pid')}: {p['error']}" for p in procs if p.get("error")]
+            + [f"pid {p.get('pid')} ({' '.join(p.get('argv') or [])}) did not exit normally: "
+               "no snapshot or statistics from it" for p in crashed]
+            + [f"pid {p.get('pid')} ({' '.join(p.get('argv') or [])}): gpumem could not be "
+               f"installed ({p['install_error']})" for p in unrecorded],
+            "unrecorded": len(unrecorded),
+            **_rank_report.per_rank(rows, crashed, oom_files, memory, context),
+            "limits": LIMITS}
+
+
+def _context_memory(env: dict, model: dict) -> int:
+    """What the simulated context holds: the override, or the model's."""
+    for var in ("GPUMEM_FAKECUDA_CONTEXT_MEMORY", "GPUMEM_SIM_CONTEXT_MEMORY"):
+        if env.get(var):
+            try:
+                return sim.parse_size(env[var])
+            except sim.SimError:
+                break
+    return model["context_mib"] << 20
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    lines = [f"gpumem simulate: {shlex.join(r['command'])} exited with status {r['exit_status']} "
+             f"after {r['seconds']:.1f} s on {r['devices']} simulated GPU(s) of "
+             f"{format_bytes(r['memory'], whole_units=True)}"
+             + (f", {r['gpu']['model']}" if r.get("gpu") else "")]
+    lines.extend(_rank_report.rank_lines(r))
+    if r["per_device"] and not r.get("per_rank"):
+        lines.append("peak memory (gpumem's allocator):")
+        multi = len({(row["pid"]) for row in r["per_device"]}) > 1
+        for row in r["per_device"]:
+            who = ""
+            if multi:
+                who = (f"rank {row['rank']} " if row["rank"] is not None else f"pid {row['pid']} ")
+            lines.append(f"  {who}device {row['device']}: allocated "
+                         f"{format_bytes(row['peak_allocated'])}, "
+                         f"reserved {format_bytes(row['peak_reserved'])}"
+                         + (f", {row['num_ooms']} OOM(s)" if row["num_ooms"] else ""))
+    lines.append(f"fits in {format_bytes(r['memory'], whole_units=True)}: {r['verdict']} "
+                 f"({r['fits_reason']})")
+    for path in r["snapshots"]:
+        lines.append(f"snapshot: {path}")
+        page = r["views"].get(path) if isinstance(r["views"], dict) else None
+        if isinstance(page, str):
+            lines.append(f"viewer:   {page} (works offline; or run: gpumem view {path})")
+        elif isinstance(page, dict):
+            lines.append(f"viewer:   not written ({page['error']})")
+    if r["script_stops"]:
+        lines.append(f"the script turned recording off {_times(r['script_stops'])}; simulate kept "
+                     "recording, so its snapshot covers the whole run")
+    for path in r["script_snapshots"]:
+        lines.append(f"snapshot written by the script: {path} (view it: gpumem view {path})")
+    for path in r["oom_snapshots"]:
+        page = r["views"].get(path) if isinstance(r["views"], dict) else None
+        lines.append(f"OOM snapshot: {path}" + (f" (viewer: {page})" if isinstance(page, str)
+                                                 else ""))
+    if isinstance(r["views"], dict) and "error" in r["views"]:
+        lines.append(f"viewer: not written ({r['views']['error']})")
+    lines.extend(_equation_lines(r.get("equation") or {}))
+    for e in r["errors"]:
+        lines.append(f"error in the run: {e}")
+    lines.append(f"{r['limits']}.")
+    print("\n".join(lines), flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``gpumem simulate`` with parsed arguments; returns the command's exit status."""
+    from gpumem import sim
+    cmd = list(args.cmd)
+    if cmd[:1] == ["--"]:
+        cmd = cmd[1:]
+    if not cmd:
+        return _error("no command given; put it after --, for example: "
+                      "gpumem simulate --memory 80GiB -- python train.py")
+    if args.max_entries < 1:
+        return _error(f"--max-entries must be at least 1, not {args.max_entries}")
+    try:
+        nproc = _launch.parse_nproc(args.nproc_per_node)
+        devices = _launch.devices_for(args.devices, nproc, cmd)
+        if nproc is not None:
+            cmd = _launch.launch_command(cmd, nproc)
+    except _launch.LaunchError as e:
+        return _error(str(e))
+    try:
+        from gpumem.sim import gpus as sim_gpus
+        try:
+            model = sim_gpus.lookup(args.gpu)
+        except ValueError as e:
+            return _error(f"--gpu: {e}")
+        memory = sim.parse_size(args.memory) if args.memory is not None else model["memory"]
+        base = dict(os.environ)
+        env_probe = sim.sim_env(memory=memory, devices=devices, base=base, gpu=model.key)
+        _launch.host_memory_env(env_probe, args.host_memory, nproc)
+    except sim.SimError as e:
+        return _error(str(e))
+    out = os.path.abspath(args.out if args.out is not None else default_out())
+    probe = dict(env_probe)
+    probe.setdefault("GPUMEM_OOM_SNAPSHOT", out)
+    try:  # what install() would refuse in the child is refused here, before running anything
+        from gpumem.pytorch.installer import AllocConfError, check_environment
+        check_environment(probe)
+    except AllocConfError as e:
+        return _error(f"{e}; nothing was run")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        return _error(f"cannot create --out {out} ({e.strerror})")
+    boot = tempfile.mkdtemp(prefix="gpumem-simulate-")
+    try:
+        with open(os.path.join(boot, "sitecustomize.py"), "w", encoding="utf-8") as f:
+            f.write(_SITECUSTOMIZE)
+        stats_dir = os.path.join(boot, "stats")
+        os.mkdir(stats_dir)
+        env = env_probe
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        paths = [boot] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [pkg_root]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env[ENV_OUT], env[ENV_STATS] = out, stats_dir
+        env[ENV_PARENT], env[ENV_ENTRIES] = str(os.getpid()), str(args.max_entries)
+        env[ENV_CATEGORIES] = "1" if args.categories else "0"
+        env.setdefault("GPUMEM_OOM_SNAPSHOT", out)
+        if not args.json:
+            print(f"gpumem simulate: writing into {out}", file=sys.stderr, flush=True)
+            print(f"gpumem simulate: running {shlex.join(cmd)} on {devices} simulated GPU(s) "
+                  f"of {format_bytes(memory, whole_units=True)} (memory behaviour only: kernels "
+                  "compute nothing)",
+                  file=sys.stderr, flush=True)
+        start, wall_start = time.monotonic(), time.time()
+        try:
+            proc = subprocess.Popen(cmd, env=env)
+        except OSError as e:
+            print(f"gpumem: error: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
+            return 127
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:  # the child got the SIGINT too; let it finish its dumps
+            try:
+                rc = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                rc = proc.wait()
+        seconds = time.monotonic() - start
+        rc = _exit_status(rc)
+        procs = _read_stats(stats_dir)
+        oom_files = {f for p in procs for f in p.get("oom_snapshots") or []}
+        if env["GPUMEM_OOM_SNAPSHOT"] == out:   # also those of processes that died after
+            oom_files.update(_new_oom_files(out, wall_start))
+        oom_files = sorted(oom_files)
+        pages = {} if args.no_view else _views(procs, oom_files, out)
+        report = _report(cmd, rc, memory, devices, out, procs, oom_files, pages, seconds,
+                         context=_context_memory(env, model))
+        report["gpu"] = sim_gpus.describe(model)
+        if args.categories:
+            report["equation"] = _equations(report["snapshots"])
+        try:
+            with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
+                json.dump(report, f, indent=2)
+        except OSError as e:
+            print(f"gpumem simulate: cannot write summary.json: {e.strerror}", file=sys.stderr)
+        if args.json:
+            print(json.dumps(report, indent=2), flush=True)
+        else:
+            _print_report(report)
+        if report["unrecorded"] and rc == 0:
+            return _error(f"gpumem could not be installed in {report['unrecorded']} process(es) "
+                          "of the run, so the report does not cover them (see above)")
+        return rc
+    finally:
+        shutil.rmtree(boot, ignore_errors=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m gpumem.sim.command ...``: the same as ``gpumem simulate ...``."""
+    p = argparse.ArgumentParser(prog="gpumem simulate", description=HELP)
+    add_arguments(p)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
