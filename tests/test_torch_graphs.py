@@ -221,3 +221,46 @@ def test_reduce_overhead_training_matches_torch(compile_caches):
     assert g["recorded"] == t["recorded"] > 0, (t, g)
     assert_same(t, g)
     assert_peaks(t, g)
+
+
+def test_capture_growing_an_expandable_segment_past_free_granules_matches_torch():
+    """torchtitan's failure, reduced: with expandable segments, a capture
+    frees a tensor of its private pool (leaving wholly free granules between
+    live blocks) and then needs the segment to grow. gpumem used to unmap
+    those granules first, and the unmap's stream synchronize killed the
+    capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED). A tensor used on a side
+    stream and freed during the capture, and an empty_cache inside it, take
+    the other paths a capture forbids. Both allocators must capture and
+    replay; their figures must agree (reserved: gpumem's at most torch's)."""
+    t, g = both('''
+        u8 = dict(dtype=torch.uint8, device="cuda")
+        x = torch.zeros(1024, device="cuda")
+        side = torch.cuda.Stream()
+        held = [torch.empty(n * MiB, **u8) for n in (6, 10, 6, 30)]
+        del held[1], held[2]  # free granules in the default pool too
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            a = torch.empty(24 * MiB, **u8)
+            b = torch.empty(24 * MiB, **u8)
+            s = torch.empty(4 * MiB, **u8)
+            with torch.cuda.stream(side):
+                s.fill_(1)
+            s.record_stream(side)
+            del a, s
+            torch.cuda.empty_cache()
+            c = torch.empty(48 * MiB, **u8)
+            y = x * 2
+        during = peaks()
+        for _ in range(2):
+            graph.replay()
+        torch.cuda.synchronize()
+        out = {"during": during, "after": peaks()}
+        del b, c, y, graph
+        torch.cuda.empty_cache()
+        out["end"] = peaks()
+        emit(out)
+    ''', env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    for k in ("during", "after", "end"):
+        assert g[k]["allocated"] == t[k]["allocated"], (k, t, g)
+        assert g[k]["reserved"] <= t[k]["reserved"], (k, t, g)
+    assert_peaks(t["after"], g["after"])

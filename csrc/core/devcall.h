@@ -66,16 +66,26 @@ static inline int gm_dev_event_destroy(gm_alloc_t *a, uintptr_t event) {
     return GM_DEV_CALL(a, event_destroy, event);
 }
 
+/* The calls below marked "not while capturing" are made only when
+ * gm_capture_underway() is false (Note [Capture-safe paths] in release.c);
+ * debug builds check it. */
+#define GM_NOT_CAPTURING(a) GM_ASSERT(!gm_capture_underway(a), "a call a CUDA graph capture forbids")
+
+/* Not while capturing. */
 static inline int gm_dev_event_record(gm_alloc_t *a, uintptr_t event, uintptr_t stream) {
+    GM_NOT_CAPTURING(a);
     return GM_DEV_CALL(a, event_record, event, stream);
 }
 
-/* 0 (complete), GM_ENOTREADY, or an error. */
+/* 0 (complete), GM_ENOTREADY, or an error. Not while capturing. */
 static inline int gm_dev_event_query(gm_alloc_t *a, uintptr_t event) {
+    GM_NOT_CAPTURING(a);
     return GM_DEV_CALL(a, event_query, event);
 }
 
+/* Not while capturing. */
 static inline int gm_dev_event_synchronize(gm_alloc_t *a, uintptr_t event) {
+    GM_NOT_CAPTURING(a);
     return GM_DEV_CALL(a, event_synchronize, event);
 }
 
@@ -100,7 +110,9 @@ static inline int gm_dev_unmap(gm_alloc_t *a, uintptr_t va, size_t size) {
     return GM_DEV_CALL(a, unmap, va, size);
 }
 
+/* Not while capturing. */
 static inline int gm_dev_stream_synchronize(gm_alloc_t *a, uintptr_t stream) {
+    GM_NOT_CAPTURING(a);
     return GM_DEV_CALL(a, stream_synchronize, stream);
 }
 
@@ -123,4 +135,5 @@ static inline const char *gm_dev_last_error(const gm_backend_t *be) {
 }
 
 #undef GM_DEV_CALL
+#undef GM_NOT_CAPTURING
 #endif /* GM_CORE_DEVCALL_H */

@@ -19,6 +19,10 @@
  *   free granule.
  * Limitations: recycling costs an unmap (and a stream synchronize) while a
  *   segment is growing; a steady state that does not grow pays nothing.
+ *   While a CUDA graph capture may be underway (a private pool is
+ *   allocating) nothing is recycled: a segment grows by new granules only,
+ *   as torch's does, since a capture forbids the synchronize (Note
+ *   [Capture-safe paths] in release.c).
  *   gpumem maps at the device's granularity (2 MiB) in both
  *   pools, where torch maps 20 MiB pages for its large pool: finer pages
  *   mean more map calls but less memory held in partly used pages. Free
@@ -141,7 +145,9 @@ static int map_block(gm_alloc_t *a, gm_block_t *to_map, size_t size, uint32_t ct
 
 int gm_expandable_alloc_unlocked(gm_alloc_t *a, uintptr_t stream, gm_pool_t *pool, size_t size,
                                  uint32_t ctx, gm_block_t **out) {
-    int rc = recycle_holes(a, pool, stream, size, ctx);
+    /* Recycling unmaps, and an unmap waits for the stream: not while a
+     * capture may be underway (Note [Capture-safe paths]). */
+    int rc = gm_capture_underway(a) ? GM_OK : recycle_holes(a, pool, stream, size, ctx);
     if (rc)
         return rc;
     gm_block_t *c = find_expandable_block(a, stream, pool, size, &rc);

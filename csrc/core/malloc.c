@@ -148,7 +148,7 @@ static int find_or_make(gm_alloc_t *a, request_t *r, uint32_t ctx) {
     int found = alloc_block(a, r, 0, ctx);
     if (found == 0 && gm_release_oversize_unlocked(a, r->pool, r->stream, r->size, ctx))
         found = alloc_block(a, r, 0, ctx);
-    if (found == 0 && !a->n_allocating) { /* torch: not while capturing */
+    if (found == 0 && !gm_capture_underway(a)) { /* torch: not while capturing */
         int rc = gm_release_all_unlocked(a, ctx);
         found = rc == GM_OK ? alloc_block(a, r, 1, ctx) : rc;
     }
@@ -369,9 +369,10 @@ int gm_alloc_empty_cache_pool(gm_alloc_t *a, gm_mempool_id_t id, uint32_t ctx) {
     gm_lock(a);
     gm_private_pool_t *p = gm_privpool_find_unlocked(a, id);
     int rc = GM_OK;
-    if (p && p->use_count == 0) { /* torch: only a freeable pool gives memory back */
-        if (!a->n_allocating)
-            rc = gm_events_sync_all_unlocked(a, ctx);
+    /* torch: only a freeable pool gives memory back; nothing while a
+     * capture may be underway (Note [Capture-safe paths] in release.c) */
+    if (p && p->use_count == 0 && !gm_capture_underway(a)) {
+        rc = gm_events_sync_all_unlocked(a, ctx);
         if (rc == GM_OK)
             rc = gm_release_freeable_pools_unlocked(a, p, ctx);
     }

@@ -7,6 +7,33 @@
  * merge again); expandable segments give back their wholly free granules,
  * and a range with nothing mapped is released with its address space.
  * Must not: release anything that is in use or waiting on events.
+ *
+ * Note [Capture-safe paths]
+ * Rationale: while a CUDA graph is being captured, a synchronize (of a
+ *   stream, the context or an event), an event query, and a free or unmap
+ *   of device memory (which must first wait for the GPU) either fail or
+ *   invalidate the capture, and the user's step dies at capture with
+ *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. torch's allocator makes none of
+ *   them while captures_underway is non-empty: it defers end-of-life
+ *   events, skips release_cached_blocks on the out-of-memory path, and
+ *   asserts that no synchronize happens.
+ * Approach: gm_capture_underway() (a private pool is allocating, torch's
+ *   captures_underway) guards every path here that gives memory back:
+ *   release of everything (empty_cache, the out-of-memory retry), of
+ *   oversize blocks, the garbage collector, and caching-off frees; they
+ *   do nothing while it holds, and the memory stays cached for the next
+ *   release after the capture. Expandable growth does not recycle holes
+ *   then (expandable.c), and events are deferred (events.c). Device
+ *   allocations (cuMemAlloc, cuMemCreate/cuMemMap) stay allowed, in relaxed
+ *   capture mode (devcall.h), as torch's cudaMallocMaybeCapturing does.
+ * Limitations: the core knows of a capture only through its pools: a
+ *   capture begun without a private pool allocating (cudaStreamBeginCapture
+ *   by hand) is not seen, as torch does not see it either. Where torch
+ *   frees oversize blocks or runs the garbage collector during a capture
+ *   (and the capture then fails), gpumem keeps them and may report out of
+ *   memory instead. With caching off, a block freed during a capture is
+ *   given back at the first event poll after it, or (in a private pool)
+ *   when the pool is released.
  */
 #include "release.h"
 
@@ -22,7 +49,7 @@
 int gm_release_oversize_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_t size,
                                  uint32_t ctx) {
     size_t max_split = a->settings.max_split_size;
-    if (max_split == SIZE_MAX)
+    if (max_split == SIZE_MAX || gm_capture_underway(a))
         return 0;
     gm_block_t key;
     key.stream = stream;
@@ -51,7 +78,7 @@ int gm_release_oversize_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t strea
 }
 
 int gm_release_uncached_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
-    if (!a->uncached)
+    if (!a->uncached || gm_capture_underway(a))
         return GM_OK;
     if (!b->expseg)
         return gm_segment_is_releasable(b) ? gm_segment_release_unlocked(a, b, ctx) : GM_OK;
@@ -97,17 +124,17 @@ int gm_release_free_unlocked(gm_alloc_t *a, uint32_t ctx) {
     return rc ? rc : gm_release_pool_unlocked(a, &a->small_pool, ctx);
 }
 
-/* torch's release_cached_blocks({0, 0}): the default pools only while no
- * private pool is allocating (waiting for events is not allowed during a
- * capture), then every freeable private pool (Note [Private pools]). */
+/* torch's release_cached_blocks({0, 0}): the default pools, then every
+ * freeable private pool (Note [Private pools]); nothing while a capture
+ * may be underway (Note [Capture-safe paths]). */
 int gm_release_all_unlocked(gm_alloc_t *a, uint32_t ctx) {
-    if (!a->n_allocating) {
-        int rc = gm_events_sync_all_unlocked(a, ctx);
-        if (rc == GM_OK)
-            rc = gm_release_free_unlocked(a, ctx);
-        if (rc)
-            return rc;
-    }
+    if (gm_capture_underway(a))
+        return GM_OK;
+    int rc = gm_events_sync_all_unlocked(a, ctx);
+    if (rc == GM_OK)
+        rc = gm_release_free_unlocked(a, ctx);
+    if (rc)
+        return rc;
     return a->private_pools ? gm_release_freeable_pools_unlocked(a, NULL, ctx) : GM_OK;
 }
 
@@ -130,7 +157,7 @@ void gm_release_gc_unlocked(gm_alloc_t *a, uint32_t ctx) {
     size_t threshold =
         (size_t)(a->settings.garbage_collection_threshold * (double)a->allowed_memory_maximum);
     size_t reserved = gm_reserved_bytes(a);
-    if (reserved <= threshold)
+    if (reserved <= threshold || gm_capture_underway(a))
         return;
     size_t target = reserved - threshold, reclaimed = 0;
     gm_pool_t *pool = &a->large_pool;

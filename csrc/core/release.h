@@ -18,9 +18,10 @@ int gm_release_oversize_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t strea
  * expandable segments of one pool (torch's release_blocks). */
 int gm_release_pool_unlocked(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx);
 /* Wait for every event, then release every wholly free plain segment and
- * every wholly free granule of expandable segments of the default pools
- * (skipped while a private pool is allocating), then the cached memory of
- * every freeable private pool. */
+ * every wholly free granule of expandable segments of the default pools,
+ * then the cached memory of every freeable private pool. Like every
+ * release here, nothing while a capture may be underway
+ * (gm_capture_underway; Note [Capture-safe paths] in release.c). */
 int gm_release_all_unlocked(gm_alloc_t *a, uint32_t ctx);
 /* The default pools' part without waiting: only what is free now goes
  * back (caching off). */

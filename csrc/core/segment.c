@@ -37,6 +37,7 @@ int gm_segment_alloc_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, 
 
 int gm_segment_release_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
     GM_ASSERT(gm_segment_is_releasable(b) && gm_block_is_free(b), "releasing a segment in use");
+    GM_ASSERT(!gm_capture_underway(a), "freeing a segment while capturing");
     int rc = gm_dev_seg_free(a, b->ptr, b->size);
     if (rc)
         return rc;

@@ -157,6 +157,12 @@ struct gm_alloc {
 static inline void gm_lock(gm_alloc_t *a) { pthread_mutex_lock(&a->lock); }
 static inline void gm_unlock(gm_alloc_t *a) { pthread_mutex_unlock(&a->lock); }
 
+/* A CUDA graph capture may be underway: some private pool is allocating
+ * (torch's captures_underway). While it is, the core makes no call that a
+ * capture forbids: no synchronize, no event record or query, no unmap or
+ * free of device memory (Note [Capture-safe paths] in release.c). */
+static inline int gm_capture_underway(const gm_alloc_t *a) { return a->n_allocating != 0; }
+
 /* Bytes the allocator holds from the device: one source, the stats. */
 static inline size_t gm_reserved_bytes(const gm_alloc_t *a) {
     return (size_t)a->stats.reserved_bytes[GM_STAT_ALL].current;

@@ -386,3 +386,49 @@ TEST(expandable_unmap_failure_leaves_the_range_mapped) {
     CHECK_EQ(fx_reserved(&fx), 0);
     fx_close(&fx);
 }
+
+/* While a capture is underway (a private pool allocating; on cuda a real
+ * global-mode capture in the fake driver), growth with wholly free
+ * granules in a hole maps new granules and neither unmaps nor waits for
+ * the stream, and empty_cache gives nothing back, not even a freeable
+ * pool's cache: a capture forbids both (Note [Capture-safe paths]). The
+ * capture survives, and the memory goes back once it has ended. */
+TEST(expandable_growth_during_capture_is_capture_safe) {
+    gm_settings_t st = expandable();
+    fx_t fx;
+    REQUIRE(fx_open(&fx, NULL, &st) == 0);
+    const gm_mempool_id_t G = {7, 0}, P = {0, 3};
+    uintptr_t p = 0, a = 0, b = 0, c = 0;
+    /* A freeable pool with cached memory, which empty_cache would release. */
+    CHECK_EQ(gm_alloc_pool_begin(fx.a, P), GM_OK);
+    CHECK_EQ(gm_alloc_malloc_pool(fx.a, 8 * MiB, S2, 0, P, &p, NULL), GM_OK);
+    CHECK_EQ(gm_alloc_pool_end(fx.a, P), GM_OK);
+    FREE(&fx, p);
+    CHECK_EQ(gm_alloc_pool_release(fx.a, P), GM_OK);
+
+    CHECK_EQ(gm_alloc_pool_begin(fx.a, G), GM_OK);
+    CHECK_EQ(tdev_capture_begin(fx.dev, S1), 0);
+    CHECK_EQ(gm_alloc_malloc_pool(fx.a, 24 * MiB, S1, 0, G, &a, NULL), GM_OK);
+    CHECK_EQ(gm_alloc_malloc_pool(fx.a, 24 * MiB, S1, 0, G, &b, NULL), GM_OK);
+    FREE(&fx, a); /* a hole of 12 wholly free granules before b */
+    tdev_counters_t c0 = fx_counters(&fx);
+    long syncs = tdev_sync_calls(fx.dev);
+    size_t reserved = fx_reserved(&fx);
+    CHECK_EQ(gm_alloc_malloc_pool(fx.a, 48 * MiB, S1, 0, G, &c, NULL), GM_OK);
+    CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), GM_OK);
+    tdev_counters_t c1 = fx_counters(&fx);
+    CHECK_EQ(c1.calls[TDEV_FN_UNMAP], c0.calls[TDEV_FN_UNMAP]);
+    CHECK_EQ(c1.calls[TDEV_FN_SEG_FREE], c0.calls[TDEV_FN_SEG_FREE]);
+    CHECK_EQ(tdev_sync_calls(fx.dev), syncs);
+    CHECK_EQ(fx_reserved(&fx), reserved + 48 * MiB); /* grown, nothing recycled */
+    CHECK_EQ(tdev_capture_end(fx.dev, S1), 0);       /* not invalidated */
+    CHECK_EQ(gm_alloc_pool_end(fx.a, G), GM_OK);
+
+    FREE(&fx, b);
+    FREE(&fx, c);
+    CHECK_EQ(gm_alloc_pool_release(fx.a, G), GM_OK);
+    CHECK_EQ(gm_alloc_empty_cache(fx.a, 0), GM_OK);
+    CHECK_EQ(fx_reserved(&fx), 0);
+    CHECK_ALLOC(&fx);
+    fx_close(&fx);
+}

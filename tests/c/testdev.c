@@ -122,6 +122,9 @@ typedef struct {
     int (*cuCtxSetCurrent)(void *);
     int (*cuStreamCreate)(void **, unsigned);
     int (*cuStreamDestroy_v2)(void *);
+    int (*cuStreamBeginCapture_v2)(void *, int);
+    int (*cuStreamEndCapture)(void *, void **);
+    int (*cuGraphDestroy)(void *);
     int (*fakecuda_configure)(const char *);
     long long (*fakecuda_query)(const char *, int);
     void (*fakecuda_complete_events)(void);
@@ -196,6 +199,9 @@ static int fake_load(char *err, size_t errlen) {
     SYM(cuCtxSetCurrent);
     SYM(cuStreamCreate);
     SYM(cuStreamDestroy_v2);
+    SYM(cuStreamBeginCapture_v2);
+    SYM(cuStreamEndCapture);
+    SYM(cuGraphDestroy);
     SYM(fakecuda_configure);
     SYM(fakecuda_query);
     SYM(fakecuda_complete_events);
@@ -513,4 +519,20 @@ void tdev_set_failure(tdev_t *d, int fn, long nth, int code, size_t fail_above) 
     snprintf(spec, sizeof spec, "fail_above=%zu,fail=%s", fail_above, fail);
     if (fake.fakecuda_configure(spec) != 0)
         fprintf(stderr, "testdev: fakecuda_configure(\"%s\") refused\n", spec);
+}
+
+int tdev_capture_begin(tdev_t *d, uintptr_t stream) {
+    if (d->kind == TDEV_SIM)
+        return 0;
+    return fake.cuStreamBeginCapture_v2((void *)stream, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */);
+}
+
+int tdev_capture_end(tdev_t *d, uintptr_t stream) {
+    if (d->kind == TDEV_SIM)
+        return 0;
+    void *graph = NULL;
+    int r = fake.cuStreamEndCapture((void *)stream, &graph);
+    if (graph)
+        fake.cuGraphDestroy(graph);
+    return r;
 }

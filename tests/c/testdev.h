@@ -132,5 +132,11 @@ void tdev_set_event_mode(tdev_t *d, int mode, int after_n);
 /* Replace the failure injection (fn = -1: none); the Nth-call count starts
  * again from here. code GM_EOOM or another GM_E* code. */
 void tdev_set_failure(tdev_t *d, int fn, long nth, int code, size_t fail_above);
+/* Stream capture in the global mode, as torch.cuda.graph begins it (cuda:
+ * cuStreamBeginCapture_v2 / cuStreamEndCapture on the fake, whose capture
+ * rules fail and invalidate the calls a capture forbids; the graph is
+ * destroyed at once). 0, or the CUresult; sim: nothing, 0. */
+int tdev_capture_begin(tdev_t *d, uintptr_t stream);
+int tdev_capture_end(tdev_t *d, uintptr_t stream);
 
 #endif /* GM_TEST_TESTDEV_H */
