@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_torch_common import TRANSFORMER, run_gm
+from torch_helpers import TRANSFORMER, run_gm
 
 pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 
