@@ -243,17 +243,26 @@ def _name_unnamed(fd: int, directory: str, name: str) -> str | None:
     temporary name in ``directory`` (never over an existing name); its path,
     or None where linking through /proc does not work."""
     fcntl.flock(fd, fcntl.LOCK_EX)
-    while True:
-        tmp = os.path.join(directory, f".{name}{TEMP_MARK}{secrets.token_hex(8)}{_TEMP_SUFFIX}")
-        try:
-            os.link(f"/proc/self/fd/{fd}", tmp, follow_symlinks=True)
-        except FileExistsError:
-            continue
-        except OSError:
-            return None
-        if _still_ours(fd, tmp):
-            return tmp
-        # a cleaner took the name in the instant before our lock was visible: again
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        while True:
+            tmp_name = f".{name}{TEMP_MARK}{secrets.token_hex(8)}{_TEMP_SUFFIX}"
+            try:  # a dir fd makes it linkat(..., AT_SYMLINK_FOLLOW): plain link() links
+                os.link(f"/proc/self/fd/{fd}", tmp_name,  # the /proc link itself (EXDEV)
+                        dst_dir_fd=dir_fd, follow_symlinks=True)
+            except FileExistsError:
+                continue
+            except OSError:
+                return None
+            tmp = os.path.join(directory, tmp_name)
+            if _still_ours(fd, tmp):
+                return tmp
+            # a cleaner took the name before our lock was visible: again
+    finally:
+        os.close(dir_fd)
 
 
 def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], None], *,

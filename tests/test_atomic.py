@@ -213,6 +213,31 @@ def test_a_killed_writer_leaves_nothing_behind(tmp_path):
     assert target.stat().st_size == size
 
 
+def test_the_unnamed_temporary_is_linked_not_copied(tmp_path, monkeypatch):
+    """The O_TMPFILE file is given its name through /proc/self/fd (linkat
+    following the link); the copy is only for where that fails."""
+    from gpumem import _atomic
+
+    def no_copy(*args):
+        raise AssertionError("copied into a named temporary")
+    monkeypatch.setattr(_atomic, "_copy_to_named", no_copy)
+    target = tmp_path / "memory.pickle"
+    assert write(target, b"x" * 5000) == str(target)
+    assert target.read_bytes() == b"x" * 5000 and os.listdir(tmp_path) == ["memory.pickle"]
+
+
+def test_where_linking_through_proc_fails_the_data_is_copied(tmp_path, monkeypatch):
+    from gpumem import _atomic
+    monkeypatch.setattr(_atomic, "_name_unnamed", lambda fd, directory, name: None)
+    target = tmp_path / "memory.pickle"
+    target.write_bytes(b"old")
+    target.chmod(0o640)
+    data = os.urandom(3 << 20)
+    assert write(target, data) == str(target)
+    assert target.read_bytes() == data and os.listdir(tmp_path) == ["memory.pickle"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
 def test_temporaries_of_killed_writers_are_removed_by_the_next_write(tmp_path):
     """Issue 16.4: each killed dump left its hidden temporary behind (the
     named temporaries of the fallback where O_TMPFILE is missing)."""
