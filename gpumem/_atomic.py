@@ -9,30 +9,44 @@ Rationale: a snapshot or page is written while the program that makes it
   one, never half of one.  Renaming a temporary file over the target does
   that, but rename replaces whatever is there: as root, ``dump_snapshot
   ("/dev/full")`` turned the device node into a regular file, and a FIFO or
-  a symlink was silently swapped for a file.
-Approach: the target is resolved first.
+  a symlink was silently swapped for a file.  A symlink resolved by hand
+  also bypasses the kernel's fs.protected_symlinks: in a sticky,
+  world-writable folder (/tmp) a link planted by another user made a root
+  dump replace the root-only file it pointed to.
+Approach: the target is resolved first, one symlink at a time (resolve):
+  - a symlink in a sticky, world-writable folder is followed only when its
+    owner is the folder's owner or the writer (the euid), the rule of the
+    kernel's fs.protected_symlinks; otherwise UnsafeSymlinkError (a
+    PermissionError) names it and nothing is written;
   - nothing there: the file is created;
   - a regular file: it is replaced atomically (its permission bits kept);
-  - a symlink (or a chain of them): it is followed and its final target is
-    written as above, atomically; the link itself stays a link.  A dangling
-    link creates its target; a link loop is refused;
+  - a symlink (or a chain of them) that may be followed: its final target
+    is written as above, atomically; the link itself stays a link.  A
+    dangling link creates its target; a link loop is refused;
   - anything else (a directory, a FIFO, a socket, a character or block
     device such as /dev/null or /dev/full): refused with
     NotARegularFileError (an OSError, IsADirectoryError for a directory)
     naming what is there; nothing is written.
-  The data goes to ``.<name>.gpumem-<random>.tmp`` in the target's
-  directory, held under an exclusive flock from creation to rename, is
-  fsync'ed, and renamed over the target.  A writer killed meanwhile leaves
-  its temporary unlocked; every later write into that directory removes
-  the unlocked gpumem temporaries it owns (same user), so killed dumps do
-  not pile up.  A writer checks, once it holds its lock, that its
-  temporary is still the file at its name (a cleaner may have taken the
-  lock between creation and locking and removed it) and starts again if not.
+  The data goes to an unnamed O_TMPFILE file in the target's directory, so
+  a writer killed while writing leaves nothing (the kernel frees it).  When
+  it is complete and fsync'ed, it is locked (flock), linked under an
+  unpredictable name ``.<name>.gpumem-<random>.tmp`` (through
+  /proc/self/fd, exclusively: never over an existing name) and renamed
+  over the target.  Where O_TMPFILE or /proc is missing, the temporary is
+  made by name from the start (mkstemp: exclusive, random) and locked.  A
+  writer killed between the link and the rename (or while writing, in the
+  fallback) leaves its temporary unlocked; every later write into that
+  directory removes the unlocked gpumem temporaries it owns (same user).
+  A writer checks, once it holds its lock, that its temporary is still the
+  file at its name (a cleaner may have taken the lock between creation and
+  locking and removed it) and starts again if not.
 Limitations: the target is checked before writing and again right before
   the rename; something put there in between (a FIFO made in that instant)
   is still replaced.  Temporaries of other users and of gpumem versions
   before this naming are left alone.  Where flock does not work (some
-  network filesystems), stale temporaries are not detected.
+  network filesystems), stale temporaries are not detected.  Links are
+  checked by path: a folder swapped for a link between the check and the
+  write is not caught (the kernel's own check would be, for an open).
 """
 
 from __future__ import annotations
@@ -40,11 +54,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import secrets
 import stat
 import tempfile
 from typing import BinaryIO, Callable
 
-__all__ = ["NotARegularFileError", "write_atomic", "kind_of", "TEMP_MARK"]
+__all__ = ["NotARegularFileError", "UnsafeSymlinkError", "write_atomic", "resolve", "kind_of",
+           "TEMP_MARK"]
 
 #: In the name of every temporary file: ".<name>.gpumem-<random>.tmp".
 TEMP_MARK = ".gpumem-"
@@ -53,6 +69,69 @@ _TEMP_SUFFIX = ".tmp"
 
 class NotARegularFileError(OSError):
     """The path names something gpumem does not replace (not a regular file)."""
+
+
+class UnsafeSymlinkError(PermissionError):
+    """A symlink in a sticky, world-writable folder whose owner is neither
+    the folder's owner nor the writer (the kernel's fs.protected_symlinks)."""
+
+
+_MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup (ELOOP)
+
+
+def _may_follow(link: str, link_st: os.stat_result) -> None:
+    """Raise UnsafeSymlinkError unless the kernel's fs.protected_symlinks
+    would follow ``link``: outside a sticky world-writable folder always;
+    inside one only when the link's owner is the folder's owner or the euid."""
+    folder = os.path.dirname(link) or "."
+    try:
+        dst = os.stat(folder)
+    except OSError:
+        return
+    sticky_shared = dst.st_mode & stat.S_ISVTX and dst.st_mode & stat.S_IWOTH
+    if not sticky_shared or link_st.st_uid in (dst.st_uid, os.geteuid()):
+        return
+    raise UnsafeSymlinkError(
+        errno.EACCES,
+        f"a symlink owned by uid {link_st.st_uid} in the shared sticky folder {folder}, which "
+        f"gpumem follows only when its owner is the folder's owner or you (the kernel's "
+        f"fs.protected_symlinks rule); write to the file's own path instead", link)
+
+
+def resolve(path: str | os.PathLike[str]) -> str:
+    """``path`` made absolute with every symlink in it followed (like
+    os.path.realpath), each one checked by the kernel's fs.protected_symlinks
+    rule first (_may_follow).  A dangling link resolves to its target's path;
+    a loop raises NotARegularFileError (ELOOP)."""
+    pending = os.path.abspath(os.fspath(path)).split(os.sep)[1:]
+    done = os.sep
+    followed = 0
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        candidate = os.path.join(done, part)
+        try:
+            st = os.lstat(candidate)
+        except OSError:  # missing (or unreadable): the rest is taken as written
+            done = candidate
+            continue
+        if not stat.S_ISLNK(st.st_mode):
+            done = candidate
+            continue
+        followed += 1
+        if followed > _MAX_LINKS:
+            raise NotARegularFileError(errno.ELOOP, "a symlink loop is there, not a regular "
+                                       "file; gpumem replaces only regular files", os.fspath(path))
+        _may_follow(candidate, st)
+        target = os.readlink(candidate)
+        if os.path.isabs(target):
+            done = os.sep
+        pending[:0] = target.split(os.sep)
+    return done
 
 
 def kind_of(mode: int) -> str:
@@ -128,17 +207,62 @@ def remove_stale_temporaries(directory: str) -> int:
 
 
 def _locked_temporary(directory: str, name: str) -> tuple[int, str]:
-    """A new temporary for ``name`` in ``directory``, created and locked."""
+    """A new temporary for ``name`` in ``directory``, created by name and locked."""
     while True:
         fd, tmp = tempfile.mkstemp(prefix=f".{name}{TEMP_MARK}", suffix=_TEMP_SUFFIX,
                                    dir=directory)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            if os.stat(tmp, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                return fd, tmp
-        except FileNotFoundError:
-            pass
+        if _still_ours(fd, tmp):
+            return fd, tmp
         os.close(fd)  # a cleaner removed it before we held the lock: again
+
+
+def _still_ours(fd: int, tmp: str) -> bool:
+    try:
+        return os.stat(tmp, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _unnamed_temporary(directory: str) -> int | None:
+    """An O_TMPFILE file in ``directory`` (nothing to leave behind on a
+    kill), or None where the kernel or filesystem does not make one."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(directory, flag | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            return None  # kernel or filesystem without O_TMPFILE: the named fallback
+        raise
+
+
+def _name_unnamed(fd: int, directory: str, name: str) -> str | None:
+    """Lock the O_TMPFILE file ``fd`` and link it under a new, unpredictable
+    temporary name in ``directory`` (never over an existing name); its path,
+    or None where linking through /proc does not work."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        while True:
+            tmp_name = f".{name}{TEMP_MARK}{secrets.token_hex(8)}{_TEMP_SUFFIX}"
+            try:  # a dir fd makes it linkat(..., AT_SYMLINK_FOLLOW): plain link() links
+                os.link(f"/proc/self/fd/{fd}", tmp_name,  # the /proc link itself (EXDEV)
+                        dst_dir_fd=dir_fd, follow_symlinks=True)
+            except FileExistsError:
+                continue
+            except OSError:
+                return None
+            tmp = os.path.join(directory, tmp_name)
+            if _still_ours(fd, tmp):
+                return tmp
+            # a cleaner took the name before our lock was visible: again
+    finally:
+        os.close(dir_fd)
 
 
 def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], None], *,
@@ -147,34 +271,66 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]
 
     Returns the path written: ``path``, or the final target of a symlink.
     make_dirs: create the target's directory (and parents) if missing.
-    Raises NotARegularFileError (IsADirectoryError for a directory) without
-    writing anything when ``path`` is not a regular file, and any OSError
-    of the writing itself; the temporary is removed on every failure.
+    Raises UnsafeSymlinkError (a PermissionError) for a symlink planted by
+    another user in a sticky shared folder, NotARegularFileError
+    (IsADirectoryError for a directory) without writing anything when
+    ``path`` is not a regular file, and any OSError of the writing itself;
+    the temporary is removed on every failure.
     """
-    target = os.path.realpath(os.fspath(path))
+    target = resolve(path)
     existing = _check_target(target)
     directory, name = os.path.split(target)
     if make_dirs:
         os.makedirs(directory, exist_ok=True)
     remove_stale_temporaries(directory)
-    fd, tmp = _locked_temporary(directory, name)
+    fd = _unnamed_temporary(directory)
+    tmp = None
+    held = -1  # the locked fallback copy's fd, closed once it is renamed
+    if fd is None:
+        fd, tmp = _locked_temporary(directory, name)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-            mode = stat.S_IMODE(existing.st_mode) if existing else 0o666 & ~_umask()
-            os.chmod(tmp, mode)
+            os.fchmod(f.fileno(), stat.S_IMODE(existing.st_mode) if existing
+                      else 0o666 & ~_umask())
+            if tmp is None:
+                tmp = _name_unnamed(f.fileno(), directory, name)
+                if tmp is None:  # no linking through /proc: copy into a named one
+                    held, tmp = _copy_to_named(f.fileno(), directory, name)
             _check_target(target)  # once more, right before the rename
             os.replace(tmp, target)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         raise
+    finally:
+        if held >= 0:
+            os.close(held)
     _fsync_dir(directory)
     return target
+
+
+def _copy_to_named(src: int, directory: str, name: str) -> tuple[int, str]:
+    """A named, locked temporary with the content and mode of the unnamed
+    one ``src`` (where /proc/self/fd cannot be linked); (its fd, its path)."""
+    fd, tmp = _locked_temporary(directory, name)
+    try:
+        offset = 0
+        while chunk := os.pread(src, 1 << 20, offset):
+            os.write(fd, chunk)  # a regular file: written whole
+            offset += len(chunk)
+        os.fsync(fd)
+        os.fchmod(fd, stat.S_IMODE(os.fstat(src).st_mode))
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, tmp
 
 
 def _fsync_dir(directory: str) -> None:

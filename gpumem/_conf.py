@@ -1,9 +1,9 @@
 """Allocator settings: the PYTORCH_CUDA_ALLOC_CONF syntax, for the keys gpumem supports.
 
     expandable_segments:True|False
-    max_split_size_mb:N                   N >= 20 (MiB); stored in bytes
+    max_split_size_mb:N                   20 <= N < 2**64 (MiB); stored in bytes
     garbage_collection_threshold:F        0 < F < 1
-    roundup_power2_divisions:N            N a power of two, for every interval
+    roundup_power2_divisions:N            N a power of two up to 2**31, for every interval
     roundup_power2_divisions:[256:1,512:2,1024:4,>:8]
 
 Entries are separated by ','; spaces are ignored, as torch's lexer ignores
@@ -20,36 +20,80 @@ one also every larger size.  The list form follows torch's
 AcceleratorAllocatorConfig::parseRoundUpPower2Divisions: a boundary B (MiB,
 a power of two) sets interval log2(B) (clamped to 0..15); the first entry
 also fills every interval below it; '>' fills every interval after the
-previous entry; intervals not named keep 0.  Unlike torch, which ignores
-keys it does not know, gpumem rejects every key it does not implement.
+previous entry; intervals not named keep 0.  torch's other keys
+(TORCH_ONLY_KEYS) are checked and left to torch; any other key is refused,
+as torch refuses it.
 
-Numbers that do not fit what the allocator stores are clamped, as torch
-clamps max_split_size_mb: max_split_size_mb to 2**43 - 1 MiB (its bytes fit
-in 63 bits; 8 EiB is more than any device has) and division counts to 2**31
-(stored in 32 bits; a count above the request size in 512-byte units rounds
-like no division at all, so nothing below 1 TiB rounds differently).  Numbers
-of 2**64 or more are refused, as torch's parser refuses them.  Integers are
-written in ASCII digits: other Unicode digits ('²', '٣') are refused.
+Note [One settings check]
+Rationale: a settings string reaches gpumem through install() (the torch
+  variables and GPUMEM_ALLOC_CONF, which torch's parser reads), through
+  torch._C._accelerator_setAllocatorSettings (and
+  torch.cuda.memory._set_allocator_settings over it), and through gpumem
+  simulate, gpumem replay --conf and gpumem doctor (this parser).  torch's
+  parser lets malformed numbers through (std::stoull reads '-5' as 2**64 - 5
+  and '25abc' as 25) and answers others with IndexError: stoull, a bare
+  "stoull" or an internal assert; the same string must get the same answer
+  everywhere, in one line naming the key and what it takes.
+Approach: parse_conf() is the one check, and every entry point calls it
+  before torch's parser or gpumem._C sees the string (gpumem.pytorch.installer for
+  install() and the setter it patches).  It takes torch 2.14's whole
+  syntax: the keys gpumem implements are parsed into the dict, torch's
+  other keys (TORCH_ONLY_KEYS) are checked for their kind of value (True or
+  False, an integer torch can read, a number torch can read, a backend
+  name) and left to torch; any other key is refused, as torch refuses it.
+  Where torch takes a value, the value means what it means to torch:
+  max_split_size_mb from 20 up to 2**64 - 1 (torch clamps it to
+  2**44 - 1 MiB, more than any device; gpumem stores 2**43 - 1 MiB, whose
+  bytes fit in 63 bits: the same "no limit" for every request a device can
+  make), divisions a power of two (0 to turn an interval off, in a list),
+  garbage_collection_threshold strictly between 0 and 1.
+Limitations: gpumem refuses what torch reads by accident: a sign ('+25',
+  '-5'), characters after a number ('25abc', '20.5', '20:'), digits that
+  are not ASCII ('²'), a garbage_collection_threshold torch's std::stod
+  cannot read (1e-400 and other subnormal numbers, hex floats); and
+  division counts above 2**31, which gpumem stores in 32 bits (torch takes
+  any power of two; above 2**54 its own rounding overflows).  A C++ caller
+  of c10's setter bypasses the check: the shim then clamps what it cannot
+  store (csrc/torch/gm_torch_config.cpp).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-__all__ = ["ConfError", "parse_conf", "format_conf", "default_conf", "settings_for_snapshot",
-           "snapshot_settings_of", "conf_from_snapshot_settings", "parse_uint",
-           "ROUNDUP_INTERVALS", "ROUNDUP_BOUNDARIES_MB", "MAX_SPLIT_MB", "MAX_DIVISIONS"]
+__all__ = ["ConfError", "parse_conf", "TORCH_ONLY_KEYS", "format_conf", "default_conf",
+           "settings_for_snapshot", "snapshot_settings_of", "conf_from_snapshot_settings",
+           "parse_uint", "ROUNDUP_INTERVALS", "ROUNDUP_BOUNDARIES_MB", "MAX_SPLIT_MB",
+           "MAX_DIVISIONS"]
 
 MiB = 1 << 20
 ROUNDUP_INTERVALS = 16
 ROUNDUP_BOUNDARIES_MB = tuple(1 << i for i in range(ROUNDUP_INTERVALS))  # 1 .. 32768
 _MIN_SPLIT_MB = 20  # kLargeBuffer / 1 MiB: torch requires max_split_size_mb >= 20
 MAX_SPLIT_MB = (1 << 43) - 1  # larger values are clamped to it: its bytes fit in 63 bits
-MAX_DIVISIONS = 1 << 31       # larger division counts are clamped to it: stored in 32 bits
+MAX_DIVISIONS = 1 << 31       # larger division counts are refused: stored in 32 bits
+_MAX_U64 = (1 << 64) - 1      # std::stoull's range
+_MIN_NORMAL = 2.2250738585072014e-308  # std::stod reports anything smaller (but 0) out of range
 
 KEYS = ("expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
         "roundup_power2_divisions")
 _ACCEPTED = ", ".join(KEYS)
+
+#: torch 2.14's allocator keys that gpumem does not implement, with the kind
+#: of value torch's parser reads for each: parse_conf checks that kind (so
+#: that torch's parser never meets a value it fails on with IndexError or an
+#: internal assert) and leaves the key to torch (Note [One settings check]).
+TORCH_ONLY_KEYS = {
+    "per_process_memory_fraction": "fraction", "backend": "backend",
+    "release_lock_on_cudamalloc": "bool", "release_lock_on_hipmalloc": "bool",
+    "pinned_use_cuda_host_register": "bool", "pinned_use_hip_host_register": "bool",
+    "pinned_use_background_threads": "bool", "pinned_num_register_threads": "uint",
+    "pinned_reserve_segment_size_mb": "uint", "pinned_max_round_threshold_mb": "uint",
+    "pinned_max_cached_size_mb": "uint", "pinned_free_catch_all": "bool",
+    "graph_capture_record_stream_reuse": "bool", "throw_on_cudamalloc_oom": "bool",
+    "max_non_split_rounding_mb": "uint", "large_segment_size_mb": "uint",
+}
 
 
 class ConfError(ValueError):
@@ -71,7 +115,8 @@ def _is_pow2(n: int) -> bool:
 
 
 def _lex(text: str) -> list[str]:
-    """Split like torch's lexArgs: ',', ':', '[' and ']' are tokens; spaces vanish."""
+    """Split like torch's ConfigTokenizer: ',', ':', '[' and ']' are tokens;
+    ASCII white space vanishes (std::isspace), other characters stay."""
     tokens: list[str] = []
     buf: list[str] = []
     for ch in text:
@@ -80,7 +125,7 @@ def _lex(text: str) -> list[str]:
                 tokens.append("".join(buf))
                 buf = []
             tokens.append(ch)
-        elif not ch.isspace():
+        elif ch not in " \t\n\v\f\r":
             buf.append(ch)
     if buf:
         tokens.append("".join(buf))
@@ -140,11 +185,13 @@ def parse_uint(text: str, maximum: int) -> int | None:
 
 
 _ES_FORM = "expandable_segments:True or expandable_segments:False"
-_MS_FORM = f"max_split_size_mb:N with N an integer number of MiB, at least {_MIN_SPLIT_MB}"
+_MS_FORM = (f"max_split_size_mb:N with N an integer number of MiB, at least {_MIN_SPLIT_MB} and "
+            f"below 2**64")
 _GC_FORM = "garbage_collection_threshold:F with 0 < F < 1"
-_RP_FORM = ("roundup_power2_divisions:N with N a power of two, or a list such as "
+_DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_RP_FORM = ("roundup_power2_divisions:N with N a power of two up to 2**31, or a list such as "
             "roundup_power2_divisions:[256:1,512:2,>:8] whose keys are power-of-two MiB "
-            "sizes (or '>') and whose values are powers of two or 0")
+            "sizes (or '>') and whose values are powers of two up to 2**31 or 0")
 
 
 def _parse_expandable(t: _Tokens) -> bool:
@@ -160,23 +207,36 @@ def _parse_expandable(t: _Tokens) -> bool:
 def _parse_max_split(t: _Tokens) -> int:
     t.expect(":", "max_split_size_mb", _MS_FORM)
     v = t.value("max_split_size_mb", _MS_FORM)
-    n = parse_uint(v, (1 << 64) - 1)
+    n = parse_uint(v, _MAX_U64)
     if n is None or n < _MIN_SPLIT_MB:
         raise _bad("max_split_size_mb", _short(v),
-                   f"it must be an integer number of MiB, at least {_MIN_SPLIT_MB}")
+                   f"it must be an integer number of MiB, at least {_MIN_SPLIT_MB} and below "
+                   f"2**64, in ASCII digits without a sign (2**43 or more means no limit)")
     return min(n, MAX_SPLIT_MB) * MiB
+
+
+def parse_decimal(text: str) -> float | None:
+    """``text`` as a float if it is an unsigned decimal number in ASCII
+    ('0.5', '.5', '5e-1') that torch's std::stod reads without an error
+    (0, or finite and at least the smallest normal double), else None.
+    float() alone accepts '1_0', 'nan', '０.５' and a leading sign."""
+    if not text.isascii() or not _DECIMAL.fullmatch(text):
+        return None
+    f = float(text)
+    if f == 0.0:  # '1e-400' is not 0 to std::stod: it is out of range
+        mantissa = text.split("e")[0].split("E")[0]
+        return None if mantissa.strip("0.") else f
+    return f if _MIN_NORMAL <= f < float("inf") else None
 
 
 def _parse_gc(t: _Tokens) -> float:
     t.expect(":", "garbage_collection_threshold", _GC_FORM)
     v = t.value("garbage_collection_threshold", _GC_FORM)
-    try:
-        f = float(v)
-    except ValueError:
-        f = float("nan")
-    if not 0.0 < f < 1.0:
-        raise _bad("garbage_collection_threshold", v,
-                   "it must be a number greater than 0 and less than 1")
+    f = parse_decimal(v)
+    if f is None or not 0.0 < f < 1.0:
+        raise _bad("garbage_collection_threshold", _short(v),
+                   "it must be a decimal number greater than 0 and less than 1 (such as 0.6; "
+                   "at least 2.2250738585072014e-308, the smallest torch's parser reads)")
     return f
 
 
@@ -185,11 +245,11 @@ def _parse_roundup(t: _Tokens) -> list[int]:
     t.expect(":", key, _RP_FORM)
     if t.peek() != "[":
         v = t.value(key, _RP_FORM)
-        n = parse_uint(v, (1 << 64) - 1)
+        n = parse_uint(v, MAX_DIVISIONS)
         if n is None or not _is_pow2(n):
-            raise _bad(key, _short(v), "it must be a power of two (1, 2, 4, 8, ...) or a "
-                       "bracketed list")
-        return [min(n, MAX_DIVISIONS)] * ROUNDUP_INTERVALS
+            raise _bad(key, _short(v), "it must be a power of two from 1 to 2**31 "
+                       "(1, 2, 4, 8, ...) or a bracketed list")
+        return [n] * ROUNDUP_INTERVALS
     t.take()  # '['
     divs = [0] * ROUNDUP_INTERVALS
     first = True
@@ -204,17 +264,16 @@ def _parse_roundup(t: _Tokens) -> list[int]:
         boundary = tok
         t.expect(":", key, _RP_FORM)
         v = t.value(key, _RP_FORM)
-        n = parse_uint(v, (1 << 64) - 1)
+        n = parse_uint(v, MAX_DIVISIONS)
         if n is None or not (n == 0 or _is_pow2(n)):
             raise _bad(key, _short(f"{boundary}:{v}"),
-                       "each division count must be a power of two, or 0 to turn "
-                       "rounding off")
-        n = min(n, MAX_DIVISIONS)
+                       "each division count must be a power of two from 1 to 2**31, or 0 "
+                       "to turn rounding off")
         if boundary == ">":
             for j in range(last_index + 1, ROUNDUP_INTERVALS):
                 divs[j] = n
         else:
-            b = parse_uint(boundary, 1 << 64)
+            b = parse_uint(boundary, _MAX_U64)
             if b is None or not _is_pow2(b):
                 raise _bad(key, _short(f"{boundary}:{v}"),
                            "each interval must be a power-of-two size in MiB "
@@ -236,6 +295,35 @@ def _parse_roundup(t: _Tokens) -> list[int]:
     return divs
 
 
+_TORCH_FORMS = {
+    "bool": ("True or False", None),
+    "uint": ("an integer from 0 to 2**64 - 1 in ASCII digits", None),
+    "fraction": ("a decimal number from 0 to 1", None),
+    "backend": ("native or cudaMallocAsync", ("native", "cudaMallocAsync")),
+}
+
+
+def _check_torch_value(t: _Tokens, key: str, kind: str) -> None:
+    """Check the value of a key gpumem leaves to torch (TORCH_ONLY_KEYS):
+    the kind of value torch's parser reads for it, so that torch answers
+    with its own check of the range, never with IndexError or an assert."""
+    takes, words = _TORCH_FORMS[kind]
+    form = f"{key}:V with V {takes}"
+    t.expect(":", key, form)
+    v = t.value(key, form)
+    if kind == "bool":
+        ok = v in ("True", "False")
+    elif kind == "uint":
+        ok = parse_uint(v, _MAX_U64) is not None
+    elif kind == "fraction":
+        f = parse_decimal(v)
+        ok = f is not None and f <= 1.0
+    else:
+        ok = v in words
+    if not ok:
+        raise _bad(key, _short(v), f"it must be {takes}")
+
+
 _PARSERS = {
     "expandable_segments": ("expandable_segments", _parse_expandable),
     "max_split_size_mb": ("max_split_size", _parse_max_split),
@@ -245,10 +333,13 @@ _PARSERS = {
 
 
 def parse_conf(text: str | None) -> dict:
-    """Parse an allocator settings string into gpumem's settings dict.
+    """Check an allocator settings string and parse it into gpumem's settings dict.
 
-    ``None`` or an empty string gives the defaults.  A later entry for the
-    same key replaces an earlier one, as in torch.  Raises ConfError.
+    The one check of every entry point (Note [One settings check]): torch's
+    keys that gpumem does not implement are checked and left out of the
+    dict.  ``None`` or an empty string gives the defaults.  A later entry
+    for the same key replaces an earlier one, as in torch.  Raises
+    ConfError, one line naming the key and what it takes.
     """
     conf = default_conf()
     if text is None:
@@ -258,16 +349,22 @@ def parse_conf(text: str | None) -> dict:
     t = _Tokens(text)
     while t.peek() is not None:
         key = t.take()
-        if key == ",":  # tolerate empty entries such as a trailing comma
-            continue
-        if key not in _PARSERS:
-            raise ConfError(f"unknown allocator setting '{key}'; gpumem accepts {_ACCEPTED}")
-        field, parse = _PARSERS[key]
-        conf[field] = parse(t)
+        if key in ",:[]":  # one ',' after the last entry is fine (below), as for torch
+            raise ConfError(f"allocator settings have '{key}' where a key was expected; write "
+                            f"key:value entries separated by single ','")
+        if key in _PARSERS:
+            field, parse = _PARSERS[key]
+            conf[field] = parse(t)
+        elif key in TORCH_ONLY_KEYS:
+            _check_torch_value(t, key, TORCH_ONLY_KEYS[key])
+        else:
+            raise ConfError(f"unknown allocator setting '{_short(key)}'; gpumem implements "
+                            f"{_ACCEPTED}, and leaves torch's other keys (such as "
+                            f"per_process_memory_fraction) to torch")
         nxt = t.take()
         if nxt not in (None, ","):
-            raise ConfError(f"allocator setting '{key}' is followed by '{nxt}' where ',' or the "
-                            f"end of the string was expected; separate entries with ','")
+            raise ConfError(f"allocator setting '{key}' is followed by '{_short(nxt)}' where ',' "
+                            f"or the end of the string was expected; separate entries with ','")
     return conf
 
 

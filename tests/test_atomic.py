@@ -24,7 +24,7 @@ import pytest
 
 from gpumem import _C
 from gpumem.recording import history
-from gpumem._atomic import TEMP_MARK, NotARegularFileError, write_atomic
+from gpumem._atomic import TEMP_MARK, NotARegularFileError, UnsafeSymlinkError, write_atomic
 from gpumem.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,9 +165,12 @@ def test_view_output_that_is_not_a_regular_file_is_one_line(tmp_path, capsys):
 
 KILLED_WRITER = textwrap.dedent("""
     import os, signal, sys
+    from gpumem import _atomic
     from gpumem._atomic import write_atomic
+    if sys.argv[3] == "named":         # the fallback where O_TMPFILE is missing
+        _atomic._unnamed_temporary = lambda directory: None
     def write(f):
-        f.write(b"x" * (1 << 20))
+        f.write(b"x" * int(sys.argv[4]))
         f.flush()
         print("writing", flush=True)
         if sys.argv[2] == "kill":
@@ -177,18 +180,68 @@ KILLED_WRITER = textwrap.dedent("""
 """)
 
 
-def _writer(path, mode):
+def _writer(path, mode, temporary="named", size=1 << 20):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep)
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path), mode], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path), mode, temporary,
+                             str(size)], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "writing\n"
     return proc
 
 
+def test_a_killed_writer_leaves_nothing_behind(tmp_path):
+    """Issue 34.4: a dump killed mid-write left its temporary (up to 12.9 MB)
+    until a later dump to the same folder.  The data now goes to an unnamed
+    O_TMPFILE file: nothing is visible while it is written, and nothing is
+    left when the writer is killed, without any later gpumem process."""
+    target = tmp_path / "memory.pickle"
+    target.write_bytes(b"old")
+    size = 16 << 20
+    live = _writer(target, "hold", "unnamed", size)  # blocked in the middle of its dump
+    try:
+        assert sorted(os.listdir(tmp_path)) == ["memory.pickle"]
+        assert target.read_bytes() == b"old"
+        killed = _writer(tmp_path / "oom_1.pickle", "kill", "unnamed", size)
+        assert killed.wait(timeout=60) == -signal.SIGKILL
+        assert sorted(os.listdir(tmp_path)) == ["memory.pickle"]
+    finally:
+        live.stdin.write("go\n")
+        live.stdin.flush()
+        assert live.wait(timeout=60) == 0
+    assert sorted(os.listdir(tmp_path)) == ["memory.pickle"]
+    assert target.stat().st_size == size
+
+
+def test_the_unnamed_temporary_is_linked_not_copied(tmp_path, monkeypatch):
+    """The O_TMPFILE file is given its name through /proc/self/fd (linkat
+    following the link); the copy is only for where that fails."""
+    from gpumem import _atomic
+
+    def no_copy(*args):
+        raise AssertionError("copied into a named temporary")
+    monkeypatch.setattr(_atomic, "_copy_to_named", no_copy)
+    target = tmp_path / "memory.pickle"
+    assert write(target, b"x" * 5000) == str(target)
+    assert target.read_bytes() == b"x" * 5000 and os.listdir(tmp_path) == ["memory.pickle"]
+
+
+def test_where_linking_through_proc_fails_the_data_is_copied(tmp_path, monkeypatch):
+    from gpumem import _atomic
+    monkeypatch.setattr(_atomic, "_name_unnamed", lambda fd, directory, name: None)
+    target = tmp_path / "memory.pickle"
+    target.write_bytes(b"old")
+    target.chmod(0o640)
+    data = os.urandom(3 << 20)
+    assert write(target, data) == str(target)
+    assert target.read_bytes() == data and os.listdir(tmp_path) == ["memory.pickle"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
 def test_temporaries_of_killed_writers_are_removed_by_the_next_write(tmp_path):
-    """Issue 16.4: each killed dump left its hidden temporary behind."""
+    """Issue 16.4: each killed dump left its hidden temporary behind (the
+    named temporaries of the fallback where O_TMPFILE is missing)."""
     target = tmp_path / "memory.pickle"
     for name in ("memory.pickle", "memory.pickle", "oom_1.pickle"):  # killed writers
         proc = _writer(tmp_path / name, "kill")
@@ -217,8 +270,98 @@ def test_temporaries_of_killed_writers_are_removed_by_the_next_write(tmp_path):
 
 def test_dump_snapshot_removes_temporaries_of_killed_dumps(tmp_path):
     target = tmp_path / "memory.pickle"
-    proc = _writer(target, "kill")
+    proc = _writer(target, "kill")  # the named fallback
     proc.wait(timeout=60)
     assert len(temporaries(tmp_path)) == 1
     history.dump_snapshot(str(target))
     assert temporaries(tmp_path) == []
+
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="making another user's link needs root")
+
+
+def _planted(tmp_path, folder_owner=0, link_owner=NOBODY, mode=0o1777):
+    """A root-only file and, in a folder of ``mode`` owned by ``folder_owner``,
+    a link to it owned by ``link_owner`` (made by root, then chowned)."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root only")
+    secret.chmod(0o600)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    os.chown(shared, folder_owner, folder_owner)
+    link = shared / "memory.pickle"
+    os.symlink(secret, link)
+    os.lchown(link, link_owner, link_owner)
+    return secret, link
+
+
+@needs_root
+def test_a_link_planted_by_another_user_in_a_sticky_folder_is_not_followed(tmp_path, capsys):
+    """Issue 34.3: in a sticky, world-writable folder, a link planted by
+    'nobody' to a root-owned 0600 file made a root dump replace that file.
+    The kernel's fs.protected_symlinks rule now decides: refused in one
+    line, the file and the link left as they are."""
+    secret, link = _planted(tmp_path)
+    before = secret.stat()
+    for dump in (lambda: write(link), lambda: history.dump_snapshot(str(link)),
+                 lambda: write(tmp_path / "shared" / ".." / "shared" / "memory.pickle")):
+        with pytest.raises(UnsafeSymlinkError) as ei:
+            dump()
+        assert isinstance(ei.value, PermissionError)
+        msg = str(ei.value)
+        assert "uid 65534" in msg and "fs.protected_symlinks" in msg and "\n" not in msg, msg
+        assert secret.read_bytes() == b"root only" and secret.stat().st_ino == before.st_ino
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+        assert link.is_symlink() and os.readlink(link) == str(secret)
+        assert os.listdir(tmp_path / "shared") == ["memory.pickle"]
+    snap = tmp_path / "s.pickle"
+    history.dump_snapshot(str(snap))
+    assert cli_main(["view", str(snap), "-o", str(link)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "fs.protected_symlinks" in err and "Traceback" not in err
+    assert secret.read_bytes() == b"root only"
+
+
+@needs_root
+@pytest.mark.parametrize("folder_owner,link_owner,mode", [
+    (0, 0, 0o1777),             # the writer's own link in a sticky folder
+    (NOBODY, NOBODY, 0o1777),   # the folder owner's link
+    (NOBODY, NOBODY, 0o0777),   # not sticky: the kernel follows every link
+    (0, NOBODY, 0o1755),        # sticky but not world-writable
+])
+def test_links_the_kernel_follows_are_followed(tmp_path, folder_owner, link_owner, mode):
+    secret, link = _planted(tmp_path, folder_owner, link_owner, mode)
+    assert write(link, b"new") == str(secret)
+    assert secret.read_bytes() == b"new" and link.is_symlink()
+
+
+def test_private_folder_for_oom_snapshots(tmp_path):
+    """Issue 34.3: GPUMEM_OOM_SNAPSHOT in a sticky, world-writable folder
+    writes into a 0700 folder of the user's own; a name taken by anything
+    else is refused (tests/test_oom_dump.py runs it under torch)."""
+    from gpumem.recording.oom import private_folder
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert private_folder(str(plain)) == str(plain)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    own = shared / f"gpumem-oom-{os.geteuid()}"
+    assert private_folder(str(shared)) == str(own) == private_folder(str(shared))
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700 and own.stat().st_uid == os.geteuid()
+    own.chmod(0o777)  # writable by others: refused
+    with pytest.raises(PermissionError, match="not a folder of yours"):
+        private_folder(str(shared))
+    own.rmdir()
+    os.symlink(plain, own)  # a link in its place: refused, not followed
+    with pytest.raises(PermissionError, match="not a folder of yours"):
+        private_folder(str(shared))
+    assert own.is_symlink() and os.listdir(plain) == []
+    if os.geteuid() == 0:
+        own.unlink()
+        own.mkdir(0o700)
+        os.chown(own, NOBODY, NOBODY)  # another user's folder
+        with pytest.raises(PermissionError, match="not a folder of yours"):
+            private_folder(str(shared))

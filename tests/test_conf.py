@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from gpumem._conf import (MAX_SPLIT_MB, ConfError, default_conf, format_conf, parse_conf,
-                          parse_uint, settings_for_snapshot)
+from gpumem._conf import (KEYS, MAX_SPLIT_MB, TORCH_ONLY_KEYS, ConfError, default_conf,
+                          format_conf, parse_conf, parse_uint, settings_for_snapshot)
 from gpumem.snapshots.unpickle import load_snapshot
 
 MiB = 1 << 20
@@ -70,18 +71,21 @@ def test_max_split_size_is_clamped_to_what_the_allocator_stores():
         format_conf(dict(default_conf(), max_split_size=(MAX_SPLIT_MB + 1) * MiB))
 
 
-def test_roundup_divisions_are_clamped_to_what_the_allocator_stores():
-    """Issue 16.9: 2**40 divisions were silently stored as 0.  Torch accepts
-    any power of two; gpumem clamps counts above 2**31, which round every
-    request under 1 TiB as the larger count does."""
+def test_roundup_divisions_above_what_the_allocator_stores_are_refused():
+    """Issue 16.9 and 34: 2**40 divisions were silently stored as 0, then
+    clamped to 2**31.  gpumem stores 32 bits: counts up to 2**31 are taken
+    as they are and larger ones refused in one line naming the range (torch
+    takes any power of two; above 2**54 its own rounding overflows)."""
     from gpumem import _C
     top = [1 << 31] * 16
     assert parse_conf(f"roundup_power2_divisions:{1 << 31}")["roundup_power2_divisions"] == top
-    for text in (str(1 << 32), str(1 << 40), str(1 << 63), f"[32768:{1 << 40}]"):
-        assert parse_conf(f"roundup_power2_divisions:{text}")["roundup_power2_divisions"] == top
-    for text in (str(1 << 64), f"[256:{1 << 64}]", str(3 << 40)):
-        with pytest.raises(ConfError, match="power of two"):
+    assert parse_conf(f"roundup_power2_divisions:[32768:{1 << 31}]")[
+        "roundup_power2_divisions"] == top
+    for text in (str(1 << 32), str(1 << 40), str(1 << 63), f"[32768:{1 << 40}]",
+                 str(1 << 64), f"[256:{1 << 64}]", str(3 << 40)):
+        with pytest.raises(ConfError, match="power of two from 1 to 2\\*\\*31") as ei:
             parse_conf(f"roundup_power2_divisions:{text}")
+        assert "'roundup_power2_divisions'" in str(ei.value) and "\n" not in str(ei.value)
     with pytest.raises(ConfError, match="up to 2\\*\\*31"):
         format_conf(dict(default_conf(), roundup_power2_divisions=[1 << 40] * 16))
     for size in (MiB + 1, 3 * MiB + 513, 40 * MiB + 7):
@@ -181,12 +185,99 @@ def test_roundup_bad(text, fragment):
     assert "'roundup_power2_divisions'" in msg and fragment in msg
 
 
-@pytest.mark.parametrize("key", ["foo", "backend", "pinned_num_register_threads",
-                                 "max_split_size"])
+@pytest.mark.parametrize("key", ["foo", "max_split_size", "Expandable_segments"])
 def test_unknown_key(key):
     with pytest.raises(ConfError) as ei:
         parse_conf(f"expandable_segments:True,{key}:1")
-    assert str(ei.value) == f"unknown allocator setting '{key}'; gpumem accepts {ACCEPTED}"
+    assert str(ei.value).startswith(f"unknown allocator setting '{key}'; gpumem implements "
+                                    f"{ACCEPTED}, and leaves torch's other keys")
+
+
+def test_torchs_other_keys_are_checked_and_left_to_torch():
+    """Issue 34: torch's keys that gpumem does not implement pass the check
+    when their value is of the kind torch reads, and change nothing in
+    gpumem's dict; a value torch's parser would answer with IndexError or
+    a bare 'stoull' is refused in one line naming the key."""
+    ok = ("per_process_memory_fraction:0.5,backend:native,release_lock_on_cudamalloc:True,"
+          "pinned_num_register_threads:8,max_non_split_rounding_mb:0,"
+          "per_process_memory_fraction:1,per_process_memory_fraction:0")
+    assert parse_conf(ok) == default_conf()
+    assert set(TORCH_ONLY_KEYS) & set(KEYS) == set()
+    for text, key in (("per_process_memory_fraction:1e-400", "per_process_memory_fraction"),
+                      ("per_process_memory_fraction:1.5", "per_process_memory_fraction"),
+                      ("pinned_num_register_threads:" + "9" * 30, "pinned_num_register_threads"),
+                      ("max_non_split_rounding_mb:-1", "max_non_split_rounding_mb"),
+                      ("release_lock_on_cudamalloc:1", "release_lock_on_cudamalloc"),
+                      ("backend:[native]", "backend"), ("backend:cudaMalloc", "backend"),
+                      ("large_segment_size_mb", "large_segment_size_mb")):
+        with pytest.raises(ConfError) as ei:
+            parse_conf(text)
+        msg = str(ei.value)
+        assert f"'{key}'" in msg and "\n" not in msg, msg
+
+
+#: Issue 34's settings that torch 2.14.1's parser answers badly or accepts by
+#: accident, and what gpumem's one check says instead (a fragment of its line).
+ISSUE_34_REFUSED = [
+    ("max_split_size_mb:-5", "max_split_size_mb", "at least 20 and below 2**64"),
+    ("max_split_size_mb:" + "9" * 40, "max_split_size_mb", "at least 20 and below 2**64"),
+    ("garbage_collection_threshold:1e-400", "garbage_collection_threshold",
+     "greater than 0 and less than 1"),
+    ("garbage_collection_threshold:1e-310", "garbage_collection_threshold",
+     "greater than 0 and less than 1"),
+    ("max_split_size_mb:²²²", "max_split_size_mb", "in ASCII digits"),
+    ("roundup_power2_divisions:[1:2,", "roundup_power2_divisions", "closing ']'"),
+    ("roundup_power2_divisions:1099511627776", "roundup_power2_divisions", "2**31"),
+    ("max_split_size_mb:25abc", "max_split_size_mb", "at least 20"),
+    ("max_split_size_mb:20:", "max_split_size_mb", "separate entries with ','"),
+    ("max_split_size_mb", "max_split_size_mb", "expects ':'"),
+    ("roundup_power2_divisions:[1:2:3]", "roundup_power2_divisions", "expects ',' or ']'"),
+]
+
+
+@pytest.mark.parametrize("text,key,fragment", ISSUE_34_REFUSED)
+def test_issue_34_settings_are_refused_in_one_line(text, key, fragment):
+    """Every entry point without torch (gpumem simulate's and gpumem
+    doctor's check of the variables, gpumem replay --conf) refuses the
+    same string with the same line; the torch side is in
+    tests/test_torch_install.py."""
+    from gpumem.pytorch.installer import AllocConfError, check_environment
+    with pytest.raises(ConfError) as ei:
+        parse_conf(text)
+    line = str(ei.value)
+    assert f"'{key}'" in line and fragment in line and "\n" not in line, line
+    assert "stoull" not in line and "stod" not in line and "INTERNAL" not in line
+    for var in ("GPUMEM_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        with pytest.raises(AllocConfError) as ei:
+            check_environment({var: text})
+        assert str(ei.value).endswith(line) and str(ei.value).startswith(f"{var}=")
+    # GPUMEM_ALLOC_CONF set does not hide a bad torch variable: torch parses it too
+    with pytest.raises(AllocConfError, match="PYTORCH_CUDA_ALLOC_CONF="):
+        check_environment({"GPUMEM_ALLOC_CONF": "expandable_segments:True",
+                           "PYTORCH_CUDA_ALLOC_CONF": text})
+
+
+@pytest.mark.slow
+def test_issue_34_settings_through_the_commands(tmp_path):
+    """gpumem replay --conf and gpumem simulate (GPUMEM_ALLOC_CONF) exit 2
+    with parse_conf's line, no traceback, nothing run."""
+    import pickle
+    import subprocess
+    import sys
+    snap = tmp_path / "s.pickle"
+    snap.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+    for text, _key, _fragment in ISSUE_34_REFUSED[:6]:
+        with pytest.raises(ConfError) as ei:
+            parse_conf(text)
+        line = str(ei.value)
+        for argv, env in ((["replay", str(snap), "--conf", text], {}),
+                          (["simulate", "--out", str(tmp_path / "o"), "--", sys.executable,
+                            "-c", "raise SystemExit(7)"], {"GPUMEM_ALLOC_CONF": text})):
+            proc = subprocess.run([sys.executable, "-m", "gpumem", *argv], capture_output=True,
+                                  text=True, timeout=120, env={**os.environ, **env})
+            assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+            err = proc.stderr.strip()
+            assert "\n" not in err and line in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("text", ["expandable_segments", "expandable_segments True",

@@ -207,6 +207,9 @@ def test_the_fake_driver_is_not_taken_for_a_gpu():
 @needs_torch
 @pytest.mark.parametrize("env,text", [
     ({"GPUMEM_ALLOC_CONF": "bogus:1"}, "GPUMEM_ALLOC_CONF='bogus:1' is invalid"),
+    # issue 34: the line gpumem install(), simulate and replay give (not torch's stoull)
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:" + "9" * 40},
+     "allocator setting 'max_split_size_mb' has bad value '99999"),
     ({"GPUMEM_OOM_SNAPSHOT": "/tmp/x", "GPUMEM_OOM_RECORDING": "stacks:none"},
      "GPUMEM_OOM_RECORDING: bad value 'none' for stacks"),
     ({"GPUMEM_SHIM_BUILD": "0", "GPUMEM_CACHE_DIR": "/nonexistent/gpumem"},

@@ -128,3 +128,39 @@ def test_oom_under_env_variable_forward_and_backward(tmp_path):
         assert name.startswith("oom_") and name.endswith(f"_{o['pid']}_{n}.pickle"), name
     assert o["recording"] == "all"   # the variable turned recording on, so there is a history
     _check(o, o["paths"], True, False)
+
+
+def test_oom_snapshots_in_a_shared_sticky_folder_go_to_a_private_one(tmp_path):
+    """Issue 34.3: OOM snapshot names are predictable, so GPUMEM_OOM_SNAPSHOT
+    naming a folder like /tmp let another user plant a link or a file under
+    the next name.  In a sticky, world-writable folder the snapshots go to
+    gpumem-oom-<uid> inside it, mode 0700; a folder of that name that is not
+    the user's own is refused with one warning and no snapshot."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    o = run_gm('''
+        fwd = catch(forward_oom)
+        d = os.environ["GPUMEM_OOM_SNAPSHOT"]
+        own = os.path.join(d, f"gpumem-oom-{os.geteuid()}")
+        emit({"fwd": fwd, "top": sorted(os.listdir(d)), "own": sorted(os.listdir(own)),
+              "mode": os.stat(own).st_mode & 0o7777, "log": records})
+    ''', prelude=SCENARIO, memory="4GiB", env={"GPUMEM_OOM_SNAPSHOT": str(shared)})
+    assert o["fwd"] and o["top"] == [f"gpumem-oom-{os.geteuid()}"], o
+    assert len(o["own"]) == 1 and o["own"][0].startswith("oom_") and o["mode"] == 0o700, o
+    if os.geteuid() != 0:
+        return
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    taken.chmod(0o1777)
+    planted = taken / f"gpumem-oom-{os.geteuid()}"
+    planted.mkdir()
+    os.chown(planted, 65534, 65534)  # 'nobody' made the folder first
+    o = run_gm('''
+        fwd = catch(forward_oom)
+        emit({"fwd": fwd, "armed": gpumem.recording.oom._env_dir,
+              "left": sorted(os.listdir(os.environ["GPUMEM_OOM_SNAPSHOT"]))})
+    ''', prelude=SCENARIO, memory="4GiB", env={"GPUMEM_OOM_SNAPSHOT": str(taken)})
+    assert o["fwd"] and o["armed"] is None, o
+    assert o["left"] == [planted.name] and os.listdir(planted) == [], o
+    assert not any("snapshot" in line for line in o["fwd"]), o["fwd"]

@@ -103,7 +103,7 @@ def test_install_after_a_cuda_tensor_exists():
     ("max_split_size_mb:10", ["max_split_size_mb", "10"]),
     ("garbage_collection_threshold:1.5", ["garbage_collection_threshold"]),
     ("roundup_power2_divisions:3", ["roundup_power2_divisions"]),
-    ("max_split_size_mb:19", ["max_split_size_mb too small, must be >= 20"]),  # torch's text
+    ("max_split_size_mb:19", ["max_split_size_mb", "at least 20"]),  # gpumem checks first
     ("foo:1", ["'foo'"]),
 ])
 def test_bad_gpumem_alloc_conf_is_refused_at_install(conf, names):
@@ -129,26 +129,117 @@ def test_bad_gpumem_alloc_conf_is_refused_at_install(conf, names):
 
 @pytest.mark.slow
 @needs_torch
-def test_numbers_too_large_to_store_are_clamped_at_install():
-    """Issue 16.9: max_split_size_mb:2**43 raised OverflowError at install()
-    and 2**40 divisions were read as 0 (no rounding).  Torch accepts both;
-    gpumem clamps the division count to 2**31, which rounds every request
-    under 1 TiB as 2**40 does, and keeps torch's clamped max_split_size."""
+def test_numbers_too_large_to_store_are_clamped_or_refused_at_install():
+    """Issue 16.9 and 34: max_split_size_mb:2**43 raised OverflowError at
+    install() and 2**40 divisions were read as 0 (no rounding).  torch clamps
+    max_split_size_mb itself (to 2**44 - 1 MiB), and gpumem stores every
+    value of 2**43 MiB or more as 2**43 - 1 MiB, as gpumem simulate's parser
+    does (no limit for any device); division counts gpumem cannot store (above 2**31) are refused
+    before torch's parser sees them, and 2**31 rounds every request under
+    1 TiB to 512 bytes."""
     o = run_gm('''
         x = torch.empty(84 * 2**20 + 1, dtype=torch.uint8, device="cuda")
         from gpumem.pytorch.installer import settings_in_effect
         s, source = settings_in_effect()
+        try:
+            torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:1099511627776")
+            refused = None
+        except ValueError as e:
+            refused = str(e)
         emit({"divs": s["roundup_power2_divisions"], "split": s["max_split_size"],
-              "source": source,
+              "source": source, "refused": refused,
+              "still": settings_in_effect()[0]["roundup_power2_divisions"],
               "reserved": torch.cuda.memory_reserved()})
     ''', env={"GPUMEM_ALLOC_CONF": "max_split_size_mb:8796093022208,"
-                                    "roundup_power2_divisions:1099511627776"})
-    assert o["divs"] == [1 << 31] * 16, o
-    assert o["split"] >= 8796093022208 * 2**20 or o["split"] == -1, o
+                                    "roundup_power2_divisions:2147483648"})
+    assert o["divs"] == [1 << 31] * 16 == o["still"], o
+    assert o["split"] == ((1 << 43) - 1) * 2**20, o  # parse_conf's "no limit" value
     assert o["source"] == "GPUMEM_ALLOC_CONF"
+    assert "'roundup_power2_divisions'" in o["refused"] and "2**31" in o["refused"], o
     # 84 MiB + 1 byte, rounded to 512 bytes (divisions as large as this round
     # like none), in one 86 MiB segment (requests above 10 MiB round to 2 MiB)
     assert o["reserved"] == 86 * 2**20, o
+
+
+@pytest.mark.slow
+@needs_torch
+def test_one_settings_check_at_every_torch_entry_point():
+    """Issue 34: install() (GPUMEM_ALLOC_CONF) and the setter torch code
+    calls (torch.cuda.memory._set_allocator_settings, over
+    torch._C._accelerator_setAllocatorSettings) give the line gpumem's
+    check gives, where torch's own parser, side by side, answers IndexError,
+    a bare 'stoull', an internal assert or nothing at all (applying -5 as no
+    limit); a string gpumem accepts means to gpumem what it means to torch."""
+    from gpumem._conf import parse_conf
+    from test_conf import ISSUE_34_REFUSED
+    refused = [text for text, _key, _fragment in ISSUE_34_REFUSED]
+    accepted = ["max_split_size_mb:8796093022208", "garbage_collection_threshold:.5",
+                "roundup_power2_divisions:[1:2,>:4]", "roundup_power2_divisions:[65536:2],",
+                "max_split_size_mb:0020,expandable_segments:True",
+                "per_process_memory_fraction:0.5,backend:native"]
+    torch_side = last_json(run_py(f'''
+        import json, torch
+        out = {{}}
+        for text in {refused + accepted!r}:
+            try:
+                torch._C._accelerator_setAllocatorSettings(text)
+                out[text] = "accepted"
+            except Exception as e:
+                out[text] = type(e).__name__ + ": " + str(e).splitlines()[0]
+        print(json.dumps(out))
+    ''').stdout)
+    # what torch itself does with them (why gpumem checks first)
+    assert torch_side["max_split_size_mb:-5"] == "accepted"
+    assert torch_side["max_split_size_mb:" + "9" * 40] == "IndexError: stoull"
+    assert torch_side["garbage_collection_threshold:1e-400"] == "IndexError: stod"
+    assert "INTERNAL ASSERT" in torch_side["roundup_power2_divisions:[1:2,"]
+    assert all(torch_side[t] == "accepted" for t in accepted), torch_side
+    o = run_gm(f'''
+        import os, warnings
+        warnings.simplefilter("ignore")
+        out = {{"install": {{}}, "setter": {{}}, "values": {{}}}}
+        for text in {refused!r}:
+            os.environ["GPUMEM_ALLOC_CONF"] = text
+            try:
+                gpumem.install()
+                out["install"][text] = None
+            except Exception as e:
+                out["install"][text] = [type(e).__name__, str(e)]
+        del os.environ["GPUMEM_ALLOC_CONF"]
+        gpumem.install()
+        from gpumem.pytorch.installer import settings_in_effect
+        for text in {refused + accepted!r}:
+            try:
+                torch.cuda.memory._set_allocator_settings(text)
+                out["setter"][text] = None
+                out["values"][text] = settings_in_effect()[0]
+            except Exception as e:
+                out["setter"][text] = [type(e).__name__, str(e)]
+        emit(out)
+    ''', install=False)
+    for text in refused:
+        try:
+            parse_conf(text)
+            raise AssertionError(f"{{text!r}} was accepted")
+        except ValueError as e:
+            line = str(e)
+        kind, msg = o["install"][text]
+        assert kind == "AllocConfError" and msg.endswith(line) and "\n" not in msg, (text, msg)
+        kind, msg = o["setter"][text]
+        assert kind == "ConfError" and msg == line, (text, kind, msg)
+    for text in accepted:
+        assert o["setter"][text] is None, (text, o["setter"][text])
+        # the values gpumem simulate's parser gives for the keys the string names
+        # (2**43 MiB: the one "no limit" value 2**43 - 1 MiB in both, where
+        # torch clamps to 2**44 - 1 MiB; torch keeps expandable_segments when
+        # a later string does not name it)
+        want = parse_conf(text)
+        for key, field in (("expandable_segments", "expandable_segments"),
+                           ("max_split_size_mb", "max_split_size"),
+                           ("garbage_collection_threshold", "garbage_collection_threshold"),
+                           ("roundup_power2_divisions", "roundup_power2_divisions")):
+            if key in text:
+                assert o["values"][text][field] == want[field], (text, o["values"][text])
 
 
 @pytest.mark.slow

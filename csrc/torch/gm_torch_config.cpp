@@ -18,6 +18,9 @@
  *   Keys gpumem does not honour are named, one line each
  *   (ignored_entries): as Python warnings at install and when a Python
  *   call changes the settings, through TORCH_WARN for a C++ caller.
+ *   gpumem checks every string first (Note [One settings check] in
+ *   gpumem/_conf.py: install() and the Python setter it patches), so that
+ *   torch's parser never answers with IndexError or an internal assert.
  * Limitations: `backend:` entries given at run time are dropped before
  *   torch's CUDA parser sees them (it insists the backend be the one it
  *   loaded, and gpumem is neither). per_process_memory_fraction applies to
@@ -33,6 +36,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <utility>
@@ -49,13 +53,20 @@ gm_settings_t torch_settings() {
   using Config = ac::AcceleratorAllocatorConfig;
   gm_settings_t s;
   s.expandable_segments = Config::use_expandable_segments() ? 1 : 0;
-  s.max_split_size = Config::max_split_size();
+  /* torch clamps max_split_size_mb to SIZE_MAX / 1 MiB; gpumem's settings
+   * dict (and gpumem._conf's parser) hold at most (2**43 - 1) MiB, whose bytes
+   * fit in 63 bits. Every larger value is "no limit" for any device, so it is
+   * stored as that one value (Note [One settings check] in gpumem/_conf.py). */
+  const size_t max_split = Config::max_split_size();
+  const size_t max_split_top = ((size_t{1} << 43) - 1) << 20;
+  s.max_split_size = max_split == SIZE_MAX ? SIZE_MAX : std::min(max_split, max_split_top);
   s.garbage_collection_threshold = Config::garbage_collection_threshold();
   const std::vector<size_t>& divs = Config::roundup_power2_divisions();
-  /* torch takes any power of two; the core stores 32 bits. A count above
-   * 2**31 rounds every request under 1 TiB as 2**31 does (to 512 bytes), so
-   * it is clamped rather than truncated (2**40 would read as 0: no rounding
-   * division at all). */
+  /* torch takes any power of two; the core stores 32 bits. gpumem's settings
+   * check refuses a count above 2**31 before torch parses it; one that comes
+   * around the check (a C++ caller of c10's setter) rounds every request
+   * under 1 TiB as 2**31 does (to 512 bytes), so it is clamped rather than
+   * truncated (2**40 would read as 0: no rounding division at all). */
   const size_t max_div = size_t{1} << 31;
   for (size_t i = 0; i < GM_ROUNDUP_INTERVALS; i++)
     s.roundup_power2_divisions[i] =

@@ -19,9 +19,11 @@ string) and gpumem follows what it parsed (expandable_segments,
 max_split_size_mb, garbage_collection_threshold, roundup_power2_divisions,
 per_process_memory_fraction; Note [One parser: torch's] in
 csrc/torch/gm_torch_config.cpp).  GPUMEM_ALLOC_CONF, in the same syntax,
-replaces the torch variables' device settings when it is set.  A bad string
-is refused at install() with torch's message (AllocConfError, a
-ValueError); a key gpumem does not honour gets a one-line warning.
+replaces the torch variables' device settings when it is set.  Every string
+gets gpumem's one settings check first (Note [One settings check] in
+gpumem._conf): a bad one is refused at install() (AllocConfError, a
+ValueError) and by the patched setter (ConfError) in one line, before
+torch's parser sees it; a key gpumem does not honour gets a one-line warning.
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 turns caching off, as it does for torch.
 
 install() also sets the shim's OOM hook (gpumem.recording.oom, for gpumem.record): with
@@ -40,7 +42,7 @@ from typing import Any, Mapping, Optional
 
 from gpumem.recording import oom as _oom
 from gpumem.pytorch import shim_state as _shim_state
-from gpumem._conf import ConfError, KEYS as CONF_KEYS, parse_conf
+from gpumem._conf import ConfError, TORCH_ONLY_KEYS as _TORCH_KEY_KINDS, parse_conf
 from gpumem.pytorch.shim_state import is_installed, shim
 
 __all__ = ["InstallError", "TorchMissingError", "install", "is_installed", "uninstall_patches",
@@ -80,57 +82,49 @@ def _import_torch():
     return torch
 
 
-#: torch 2.14's allocator keys that gpumem's own parser does not take: torch
-#: parses them at install() (gpumem honours per_process_memory_fraction and
-#: names the rest it ignores), so a preview without torch leaves them out.
-TORCH_ONLY_KEYS = frozenset((
-    "per_process_memory_fraction", "backend", "release_lock_on_cudamalloc",
-    "release_lock_on_hipmalloc", "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
-    "pinned_use_background_threads", "pinned_num_register_threads",
-    "pinned_reserve_segment_size_mb", "pinned_max_round_threshold_mb",
-    "pinned_max_cached_size_mb", "pinned_free_catch_all", "graph_capture_record_stream_reuse",
-    "throw_on_cudamalloc_oom", "max_non_split_rounding_mb", "large_segment_size_mb"))
+#: torch 2.14's allocator keys that gpumem does not implement: torch parses
+#: them at install() (gpumem honours per_process_memory_fraction and names
+#: the rest it ignores); gpumem's check (gpumem._conf.parse_conf) checks
+#: their values' kind and leaves them to torch.
+TORCH_ONLY_KEYS = frozenset(_TORCH_KEY_KINDS)
+
+#: The variables whose settings strings torch's parser reads at install():
+#: torch reads both of its own (PYTORCH_CUDA_ALLOC_CONF last), then gpumem
+#: hands it GPUMEM_ALLOC_CONF.
+_CONF_VARS = ("GPUMEM_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 
-def _applicable_entries(text: str, keep_unknown: bool = False) -> str:
-    """The entries of a torch allocator string whose key gpumem implements
-    (and, with keep_unknown, those whose key torch does not know either, so
-    that parse_conf refuses them as torch's parser would)."""
-    keep, depth, start = [], 0, 0
-    for i, ch in enumerate(text + ","):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch == "," and depth <= 0:
-            entry = text[start:i].strip()
-            start = i + 1
-            key = entry.split(":", 1)[0].strip()
-            if entry and (key in CONF_KEYS or (keep_unknown and key not in TORCH_ONLY_KEYS)):
-                keep.append(entry)
-    return ",".join(keep)
+def _check_conf(var: str, text: str) -> dict:
+    """gpumem's one settings check (Note [One settings check] in gpumem._conf)
+    of ``text`` from ``var``: its settings dict, or AllocConfError."""
+    try:
+        return parse_conf(text)
+    except ConfError as e:
+        why = ("" if var == "GPUMEM_ALLOC_CONF" else
+               " for gpumem, which takes its settings from it when GPUMEM_ALLOC_CONF "
+               "is not set")
+        raise AllocConfError(f"{var}={_short(text)!r} is invalid{why}: {e}") from None
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 def _read_settings(environ: Optional[Mapping[str, str]] = None) -> tuple[dict, str]:
     """(settings dict for gpumem._C, where they came from) in ``environ``
     (default os.environ), read without torch: a preview of what install()
-    gets from torch's own parser."""
+    gets from torch's own parser.  Every variable torch's parser will read
+    is checked, as install() checks them."""
     environ = os.environ if environ is None else environ
-    # torch parses these at install(): the preview leaves out torch's keys
-    # that gpumem's parser does not take, and in GPUMEM_ALLOC_CONF refuses
-    # a key neither knows, as torch's parser will.
-    for var in ("GPUMEM_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+    found: Optional[tuple[dict, str]] = None
+    for var in _CONF_VARS:
         text = environ.get(var)
-        own = var == "GPUMEM_ALLOC_CONF"
-        if text or (text is not None and own):
-            try:
-                return parse_conf(_applicable_entries(text, keep_unknown=own)), var
-            except ConfError as e:
-                why = ("" if var == "GPUMEM_ALLOC_CONF" else
-                       " for gpumem, which takes its settings from it when GPUMEM_ALLOC_CONF "
-                       "is not set")
-                raise AllocConfError(f"{var}={text!r} is invalid{why}: {e}") from None
-    return parse_conf(None), ""
+        if text is None:
+            continue
+        conf = _check_conf(var, text)
+        if found is None and (text or var == "GPUMEM_ALLOC_CONF"):
+            found = (conf, var)
+    return found if found is not None else (parse_conf(None), "")
 
 
 def _device_index(device: Any) -> int:
@@ -231,6 +225,7 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
         if _shim_state.loaded() is None:
             torch = _import_torch()
             _check_oom_recording()  # refused before anything is swapped in
+            _read_settings()  # gpumem's settings check: torch's parser sees no string it refuses
             from gpumem.pytorch import shim_build as _shim_build
             loaded = sys.modules.get(_shim_build.MODULE_NAME)
             if torch.cuda.is_initialized() and not (loaded and loaded.is_current()):
@@ -301,7 +296,22 @@ def _patch_table() -> dict[str, Any]:
         "_cuda_record_memory_history_legacy": history._cuda_record_memory_history_legacy,
         "_cuda_memorySnapshot": history._cuda_memory_snapshot,
         "_cuda_allocationTraceback": history._allocation_traceback,
+        "_accelerator_setAllocatorSettings": _set_allocator_settings,
     }
+
+
+_torch_setter: Any = None   # torch._C._accelerator_setAllocatorSettings, once patched
+
+
+def _set_allocator_settings(env: Any) -> Any:
+    """torch._C._accelerator_setAllocatorSettings (and so
+    torch.cuda.memory._set_allocator_settings) after gpumem's settings check:
+    a string it refuses raises ConfError (a ValueError) in one line, and
+    torch's parser, which would apply the entries before the bad one, never
+    sees it (Note [One settings check] in gpumem._conf)."""
+    if isinstance(env, str):
+        parse_conf(env)
+    return _torch_setter(env)
 
 
 #: The torch.cuda.memory functions patch_torch=True routes to gpumem (the
@@ -314,12 +324,15 @@ PATCHED = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_r
            "_memory_metadata_supported", "_allocation_traceback")
 
 #: The torch._C entry points under them, routed too: torch's own tests and
-#: some frameworks call them directly (torch._C._cuda_memorySnapshot(None)).
+#: some frameworks call them directly (torch._C._cuda_memorySnapshot(None)),
+#: and the settings setter gets gpumem's settings check first.
 C_PATCHED = ("_cuda_record_memory_history", "_cuda_record_memory_history_legacy",
-             "_cuda_memorySnapshot", "_cuda_allocationTraceback")
+             "_cuda_memorySnapshot", "_cuda_allocationTraceback",
+             "_accelerator_setAllocatorSettings")
 
 
 def _apply_patches() -> None:
+    global _torch_setter
     import torch
     import torch.cuda.memory as tmem
     table = _patch_table()
@@ -344,6 +357,8 @@ def _apply_patches() -> None:
         if cur is None or (key in _replacements and cur is _replacements[key]):
             continue
         _originals[key] = cur
+        if name == "_accelerator_setAllocatorSettings":
+            _torch_setter = cur
         _replacements[key] = table[name]
         setattr(torch._C, name, table[name])
     _apply_autograd_patches()

@@ -20,9 +20,11 @@ registers the function that returns its active recorder
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -35,7 +37,7 @@ from gpumem._rank import rank_path
 
 __all__ = ["MAX_OOM_SNAPSHOTS", "ENV_OOM_SNAPSHOT", "ENV_RECORDING", "ENV_OOM_RECORDING",
            "parse_oom_recording", "check_env", "install_hook", "oom_snapshots_written",
-           "set_recorder_lookup", "attach_torch_observer"]
+           "set_recorder_lookup", "attach_torch_observer", "private_folder"]
 
 log = logging.getLogger("gpumem")
 
@@ -247,6 +249,34 @@ def check_env(environ: Optional[Mapping[str, str]] = None) -> None:
         parse_oom_recording(environ.get(ENV_OOM_RECORDING))
 
 
+def private_folder(directory: str) -> str:
+    """Where OOM snapshots for GPUMEM_OOM_SNAPSHOT=``directory`` go: the
+    directory itself, or, when it is sticky and world-writable (/tmp), a
+    folder of this user's own in it, ``gpumem-oom-<euid>``, made with mode
+    0700: OOM snapshot names are predictable, and in a shared folder another
+    user could plant links or files under them.  Raises PermissionError
+    when that name holds anything but a folder of this user's that no one
+    else can write (a link, another user's folder)."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return directory
+    if not (st.st_mode & stat.S_ISVTX and st.st_mode & stat.S_IWOTH):
+        return directory
+    own = os.path.join(directory, f"gpumem-oom-{os.geteuid()}")
+    try:
+        os.mkdir(own, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(own)
+    if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
+            or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        raise PermissionError(errno.EACCES, "the per-user folder for OOM snapshots in this "
+                              "shared folder is taken by something that is not a folder of "
+                              "yours only you can write; remove it or set another folder", own)
+    return own
+
+
 def _arm_env() -> None:
     global _env_dir, _env_fallback_only
     text = os.environ.get(ENV_OOM_SNAPSHOT, "").strip()
@@ -259,6 +289,12 @@ def _arm_env() -> None:
     except OSError as e:
         log.warning("gpumem: %s=%s: cannot create the directory (%s); OOM snapshots will fail",
                     ENV_OOM_SNAPSHOT, text, e.strerror)
+    try:
+        directory = private_folder(directory)
+    except OSError as e:
+        log.warning("gpumem: %s=%s: %s (%s); no OOM snapshots are written", ENV_OOM_SNAPSHOT,
+                    text, e.strerror, e.filename)
+        return
     _env_dir = directory
     _env_fallback_only = os.environ.get("GPUMEM_SIMULATE_OUT") == text
     if history.recording_config()["enabled"] is None:

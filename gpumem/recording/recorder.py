@@ -33,7 +33,10 @@ never overwrite each other's files.  OOM snapshots of a recorder go next to
 its file (memory_oom.pickle, memory_oom2.pickle, ...); those of
 GPUMEM_OOM_SNAPSHOT are <dir>/oom_<host>_<pid>_<n>[_rank<N>].pickle (both
 are written when both apply, except under ``gpumem simulate``, whose own
-directory only gets the OOMs no recorder writes).  At most
+directory only gets the OOMs no recorder writes).  A <dir> that is sticky
+and world-writable, such as /tmp, gets <dir>/gpumem-oom-<uid>/ instead, a
+folder of the user's own (mode 0700), since those names are predictable
+(gpumem.recording.oom.private_folder).  At most
 MAX_OOM_SNAPSHOTS are written per process (a script that retries smaller
 batches after each OOM would otherwise write one per try).  The hook, the
 GPUMEM_OOM_SNAPSHOT directory and the cap are gpumem.recording.oom's, which
