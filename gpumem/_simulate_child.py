@@ -60,6 +60,8 @@ class _TorchImportHook:
             spec = importlib.util.find_spec("torch")
         finally:
             self._finding = False
+        if spec is None:   # the script's import will fail: say why in the report
+            _note_torch_missing("absent")
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         original = spec.loader.exec_module
@@ -107,6 +109,11 @@ def _activate() -> None:
         _wrap_reset_peaks()
         _keep_recording(sys.modules["torch"], history)
     except Exception as e:  # the script still runs, on torch's allocator
+        from gpumem._torch import TorchMissingError
+        torch = sys.modules.get("torch")
+        if isinstance(e, TorchMissingError) and torch is not None:   # a CPU-only build
+            _note_torch_missing(str(getattr(torch, "__version__", "unknown version")))
+            return
         atexit.register(_report_unrecorded, f"{type(e).__name__}: {e}")
         return
     from gpumem.record import current_rank
@@ -150,6 +157,19 @@ def _keep_recording(torch: Any, history: Any) -> None:
             _script_dumps.append(path)
 
     history.write_snapshot = write_snapshot
+
+
+def _note_torch_missing(what: str) -> None:
+    """For the parent's one line on installing torch: 'absent', or the version
+    of a torch without CUDA.  Written at once: the script is about to fail."""
+    global _missing_noted
+    if not _missing_noted:
+        _missing_noted = True
+        _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "torch_missing": what,
+                      "python": sys.executable})
+
+
+_missing_noted = False
 
 
 def _report_unrecorded(why: str) -> None:
