@@ -141,13 +141,12 @@ def _keep_recording(torch: Any, history: Any) -> None:
         if enabled is None or enabled is False or kwargs.get("record_cuda") is False:
             _script_stops += 1
             return
-        if _categories_on():   # the script's settings, with categories kept on
-            kwargs["categories"] = True
         original(enabled, *args, **kwargs)
 
     for module in (torch.cuda.memory, torch.cuda):
         if getattr(module, "_record_memory_history", None) is original:
             module._record_memory_history = _record_memory_history
+    _keep_categories(history)
     write = history.write_snapshot
 
     def write_snapshot(snap: dict, filename: Any, **kwargs: Any) -> None:
@@ -170,6 +169,47 @@ def _note_torch_missing(what: str) -> None:
 
 
 _missing_noted = False
+
+
+_categories_warned = False
+
+
+def _keep_categories(history: Any) -> None:
+    """Under --categories, the script's recording calls that do not mention
+    categories (gpumem.record(...), torch's _record_memory_history) keep them
+    on; an explicit categories=False is obeyed, and said once on stderr."""
+    if not _categories_on():
+        return
+    import gpumem
+    original = history.record_memory_history
+
+    def record_memory_history(*args: Any, categories: Any = None, **kwargs: Any) -> None:
+        global _categories_warned
+        if categories is None:
+            categories = True
+        elif not categories and not _categories_warned:
+            _categories_warned = True
+            sys.stderr.write(f"gpumem simulate: the script turned categories off at "
+                             f"{_script_caller()} (categories=False), overriding --categories: "
+                             "the report has none from there on\n")
+        original(*args, categories=categories, **kwargs)
+
+    history.record_memory_history = record_memory_history
+    if getattr(gpumem, "record_memory_history", None) is original:
+        gpumem.record_memory_history = record_memory_history
+
+
+def _script_caller() -> str:
+    """file:line of the innermost frame outside gpumem and the standard library's contextlib."""
+    import contextlib
+    skip = (os.path.dirname(os.path.abspath(__file__)), os.path.abspath(contextlib.__file__))
+    f = sys._getframe(1)
+    while f is not None:
+        name = os.path.abspath(f.f_code.co_filename)
+        if not name.startswith(skip):
+            return f"{f.f_code.co_filename}:{f.f_lineno}"
+        f = f.f_back
+    return "<unknown>"
 
 
 def _report_unrecorded(why: str) -> None:

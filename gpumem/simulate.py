@@ -212,14 +212,20 @@ def _equation_lines(eqs: dict[str, Any]) -> list[str]:
             continue
         for d, t in rows.items():
             gi = t["gradients_plus_optimizer_intermediates"]
+            if not t["estimate"]:   # nothing measured: no equation, and no branch to name
+                lines.append(f"estimation equation (device {d}): no allocation was noted as a "
+                             f"parameter, optimizer state, gradient or activation (measured peak "
+                             f"allocated {fb(t['measured_peak'])}, unknown at the peak "
+                             f"{fb(t['at_peak']['unknown'])})")
+                continue
             lines.append(f"estimation equation, measured (device {d}, each term at its own peak):")
             lines.append(f"  parameters {fb(t['parameters'])} + optimizer state "
                          f"{fb(t['optimizer_state'])} + max(gradients + optimizer intermediates "
                          f"{fb(gi)}, activations {fb(t['activations'])}) = {fb(t['estimate'])}")
             lines.append(f"    (gradients {fb(t['gradients'])}, optimizer intermediates "
                          f"{fb(t['optimizer_intermediates'])})")
-            if t.get("peak_branch"):
-                a = t["at_peak"]
+            a = t["at_peak"]
+            if t.get("peak_branch") and (a["activation"] or a["gradient"]):
                 lines.append(f"  measured peak allocated {fb(t['measured_peak'])}: the "
                              f"{t['peak_branch'].replace('_', ' ')} branch sets it (at the peak: "
                              f"activations {fb(a['activation'])}, gradients "
