@@ -79,6 +79,7 @@ class _TorchImportHook:
 
 
 _peaks: dict[int, dict[str, int]] = {}   # device -> highest peaks seen before resets
+_resets: dict[int, int] = {}             # device -> the script's reset_peak_memory_stats calls
 _active_child = False
 
 
@@ -246,6 +247,7 @@ def _wrap_reset_peaks() -> None:
 
     def reset_peak(device: int) -> None:
         _note_peaks()
+        _resets[device] = _resets.get(device, 0) + 1
         original(device)
 
     shim.reset_peak = reset_peak
@@ -259,6 +261,10 @@ def _note_peaks() -> dict[int, dict[str, int]]:
         cur = _peaks.setdefault(d, {"allocated": 0, "reserved": 0})
         cur["allocated"] = max(cur["allocated"], st.get("allocated_bytes.all.peak", 0))
         cur["reserved"] = max(cur["reserved"], st.get("reserved_bytes.all.peak", 0))
+        # what the script itself sees: the peaks since its last reset
+        cur["allocated_since_reset"] = st.get("allocated_bytes.all.peak", 0)
+        cur["reserved_since_reset"] = st.get("reserved_bytes.all.peak", 0)
+        cur["resets"] = _resets.get(d, 0)
         cur["num_ooms"] = st.get("num_ooms", 0)
         cur["allocated_end"] = st.get("allocated_bytes.all.current", 0)
         cur["reserved_end"] = st.get("reserved_bytes.all.current", 0)

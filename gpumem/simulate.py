@@ -254,7 +254,10 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                          "peak_reserved": v.get("reserved", 0), "num_ooms": v.get("num_ooms", 0),
                          "allocated_at_exit": v.get("allocated_end", 0),
                          "reserved_at_exit": v.get("reserved_end", 0),
-                         "device_peak": v.get("device_peak")})
+                         "device_peak": v.get("device_peak"),
+                         "peak_resets": v.get("resets", 0),
+                         "peak_allocated_since_reset": v.get("allocated_since_reset"),
+                         "peak_reserved_since_reset": v.get("reserved_since_reset")})
     ooms = sum(r["num_ooms"] for r in rows) or len(oom_files)
     peak = max((r["peak_reserved"] for r in rows), default=None)
     verdict = None
@@ -343,6 +346,17 @@ def _times(n: int) -> str:
     return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
 
 
+def _since_reset(row: dict) -> str:
+    """The peaks the script itself reads, when it reset them (the whole-run
+    figures before it include what came before, a compile step's, say)."""
+    if not row.get("peak_resets") or row.get("peak_allocated_since_reset") is None:
+        return ""
+    return (f" over the whole run; since the script's last "
+            f"torch.cuda.reset_peak_memory_stats(), which its own figures start from: "
+            f"allocated {format_bytes(row['peak_allocated_since_reset'])}, reserved "
+            f"{format_bytes(row['peak_reserved_since_reset'])}")
+
+
 def _print_report(r: dict[str, Any]) -> None:
     lines = [f"gpumem simulate: {shlex.join(r['command'])} exited with status {r['exit_status']} "
              f"after {r['seconds']:.1f} s on {r['devices']} simulated GPU(s) of "
@@ -352,7 +366,7 @@ def _print_report(r: dict[str, Any]) -> None:
         lines.append(f"gpumem simulate: {r['torch_missing']}")
     lines.extend(_rank_report.rank_lines(r))
     if r["per_device"] and not r.get("per_rank"):
-        lines.append("peak memory (gpumem's allocator):")
+        lines.append("peak memory (gpumem's allocator, over the whole run):")
         multi = len({(row["pid"]) for row in r["per_device"]}) > 1
         for row in r["per_device"]:
             who = ""
@@ -361,7 +375,8 @@ def _print_report(r: dict[str, Any]) -> None:
             lines.append(f"  {who}device {row['device']}: allocated "
                          f"{format_bytes(row['peak_allocated'])}, "
                          f"reserved {format_bytes(row['peak_reserved'])}"
-                         + (f", {row['num_ooms']} OOM(s)" if row["num_ooms"] else ""))
+                         + (f", {row['num_ooms']} OOM(s)" if row["num_ooms"] else "")
+                         + _since_reset(row))
     lines.append(f"fits in {format_bytes(r['memory'], whole_units=True)}: {r['verdict']} "
                  f"({r['fits_reason']})")
     for path in r["snapshots"]:

@@ -311,3 +311,27 @@ def test_a_missing_or_cpu_only_torch_is_named_with_how_to_install_it(tmp_path, w
     assert ("not installed" if which == "missing" else "2.14.1+cpu") in said[0], said
     assert sys.executable in said[0] or "this environment" in said[0], said
     assert "limits of the simulation" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_peaks_say_what_they_cover_when_the_script_resets_them(tmp_path):
+    """examples/compiled_fit.py resets the peaks after its compile step and
+    prints its own peak_allocated: simulate's whole-run figure is larger, and
+    the report gives both, each named."""
+    built_shim()
+    proc = run_simulate(tmp_path, '''
+        import torch
+        warm = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        del warm
+        torch.cuda.reset_peak_memory_stats()
+        x = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+        print("script peak", torch.cuda.memory_stats()["allocated_bytes.all.peak"])
+    ''', "--no-view")
+    script_peak = int(proc.stdout.split("script peak ")[1].split()[0])
+    report = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (row,) = report["per_device"]
+    assert row["peak_allocated"] >= 64 << 20 > script_peak
+    assert row["peak_allocated_since_reset"] == script_peak and row["peak_resets"] == 1, row
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("  device 0: allocated"))
+    assert "whole run" in line and "reset_peak_memory_stats" in line, line
+    assert "8.00 MiB" in line, line
