@@ -351,7 +351,7 @@ def _since_reset(row: dict) -> str:
     figures before it include what came before, a compile step's, say)."""
     if not row.get("peak_resets") or row.get("peak_allocated_since_reset") is None:
         return ""
-    return (f" over the whole run; since the script's last "
+    return (f"; since the script's last "
             f"torch.cuda.reset_peak_memory_stats(), which its own figures start from: "
             f"allocated {format_bytes(row['peak_allocated_since_reset'])}, reserved "
             f"{format_bytes(row['peak_reserved_since_reset'])}")

@@ -333,5 +333,6 @@ def test_peaks_say_what_they_cover_when_the_script_resets_them(tmp_path):
     assert row["peak_allocated"] >= 64 << 20 > script_peak
     assert row["peak_allocated_since_reset"] == script_peak and row["peak_resets"] == 1, row
     line = next(x for x in proc.stdout.splitlines() if x.startswith("  device 0: allocated"))
-    assert "whole run" in line and "reset_peak_memory_stats" in line, line
+    assert "peak memory (gpumem's allocator, over the whole run):" in proc.stdout
+    assert "reset_peak_memory_stats" in line, line
     assert "8.00 MiB" in line, line
