@@ -299,14 +299,15 @@ def _summary_device(d: dict) -> list[str]:
     _site_table(d["top_total_allocated"], "top sites by total bytes allocated", out)
     if d["steps"]:
         out.append(f"  per-step growth (markers: {d['step_markers']}):")
-        out.append(f"    {'step':<28} {'start':>11} {'end':>11} {'growth':>11} {'peak':>11}")
         steps = d["steps"]
         shown = steps if len(steps) <= 20 else steps[:10] + [None] + steps[-10:]
+        w = max([12] + [len(s["label"]) for s in shown if s is not None])   # labels whole
+        out.append(f"    {'step':<{w}} {'start':>11} {'end':>11} {'growth':>11} {'peak':>11}")
         for s in shown:
             if s is None:
                 out.append(f"    ... {len(steps) - 20} more steps")
                 continue
-            out.append(f"    {s['label'][:28]:<28} {format_bytes(s['start_allocated']):>11} "
+            out.append(f"    {s['label']:<{w}} {format_bytes(s['start_allocated']):>11} "
                        f"{format_bytes(s['end_allocated']):>11} {_signed(s['growth']):>11} "
                        f"{format_bytes(s['peak']):>11}")
         if d["step_growth_sites"]:

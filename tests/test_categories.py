@@ -455,3 +455,54 @@ emit({"end": cr.breakdown(m, cats, m.n_events - 1),
 ''', prelude=TRANSFORMER)
     assert r["graphs"] == 1 and r["breaks"] == 0
     assert r["end"]["parameter"] == r["pb"] and r["end"]["optimizer_state"] == 2 * r["pb"]
+
+
+SIM_RECORD_SCRIPT = "import json, torch, gpumem\n" + TRANSFORMER + '''
+model, opt = make_model()
+x = torch.randn(64, 128, 64, device="cuda")
+with gpumem.record("mine.pickle"ARGS) as rec:
+    for _ in range(2):
+        model(x).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        rec.step()
+with open("pb.json", "w") as f:
+    json.dump(sum(p.numel() * p.element_size() for p in model.parameters()), f)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", ["", ", categories=False"])
+def test_simulate_categories_survive_the_scripts_own_record(tmp_path, args):
+    """gpumem.record() without categories= inside `simulate --categories`
+    used to turn categories off silently (every term 0 B); an explicit
+    categories=False is obeyed, with one warning naming the line."""
+    import json
+    from test_simulate import run_simulate
+    from test_torch_common import built_shim
+    built_shim()
+    script = SIM_RECORD_SCRIPT.replace("ARGS", args)
+    proc = run_simulate(tmp_path, script, "--categories", "--no-view")
+    report = json.loads((tmp_path / "out" / "summary.json").read_text())
+    warned = [line for line in proc.stderr.splitlines() if "turned categories off" in line]
+    if not args:
+        (rows,) = report["equation"].values()
+        pb = json.loads((tmp_path / "pb.json").read_text())
+        assert rows["0"]["parameters"] == pb and rows["0"]["optimizer_state"] == 2 * pb, rows
+        assert not warned, warned
+    else:
+        line = script.splitlines().index('with gpumem.record("mine.pickle", categories=False) '
+                                         'as rec:') + 1
+        assert len(warned) == 1 and f"script.py:{line} " in warned[0], proc.stderr
+        assert "branch sets it" not in proc.stdout, proc.stdout
+
+
+def test_no_branch_is_named_when_no_term_was_measured():
+    from gpumem.sim import command as simulate
+    zero = {"parameters": 0, "optimizer_state": 0, "gradients": 0, "optimizer_intermediates": 0,
+            "gradients_plus_optimizer_intermediates": 0, "activations": 0, "estimate": 0,
+            "measured_peak": 5 << 20, "peak_branch": "activations",
+            "at_peak": dict.fromkeys(CATEGORIES, 0)}
+    text = "\n".join(simulate._equation_lines({"s.pickle": {"0": zero}}))
+    assert "branch" not in text and "= 0 B" not in text, text
+    assert "no allocation" in text, text

@@ -7,6 +7,8 @@ Everything drives gpumem._C.Allocator on the virtual device directly
 
 from __future__ import annotations
 
+import os
+
 import sys
 import threading
 
@@ -498,6 +500,23 @@ def test_stacks_all_adds_c_frames_around_python_frames():
     # A Python frame is spliced in just before an eval-loop C frame.
     i = next(i for i, f in enumerate(frames) if f["name"] == "pysite")
     assert "PyEval_EvalFrame" in frames[i + 1]["name"]
+
+
+def test_gpumems_own_c_frames_are_named():
+    """gpumem's functions are hidden (-fvisibility=hidden), so dladdr names
+    none of them: they are named from the library's symbol table, with their
+    source file, as torch names its allocator's frames (name, file, line 0)."""
+    a = _C.Allocator()
+    history.record_memory_history(stacks="all")
+    a.malloc(800)
+    alloc = next(e for e in trace(history.snapshot()) if e["action"] == "alloc")
+    history.record_memory_history(None)
+    ours = [f for f in alloc["frames"] if f["line"] == 0
+            and (f["filename"].endswith(".c") or os.path.basename(_C.__file__) in f["filename"])]
+    assert ours and ours[0] is alloc["frames"][0], alloc["frames"][:4]
+    assert not [f for f in ours if f["name"].startswith("??")], ours
+    assert not alloc["frames"][0]["filename"].endswith(".so"), alloc["frames"][0]
+    assert alloc["frames"][0]["filename"].endswith(".c"), alloc["frames"][0]
 
 
 def test_capture_in_a_thread_without_python_state_does_not_block():

@@ -686,3 +686,25 @@ def test_memory_viz_flamegraphs(request, tmp_path):
             runpy.run_path({str(viz)!r}, run_name="__main__")
         """)
         assert "<svg" in out.read_text()[:2000]
+
+
+@pytest.mark.slow
+def test_allocator_c_frames_are_named_as_torchs_are():
+    """stacks='all': torch names its allocator's own C++ frames
+    (NativeCachingAllocator::malloc ...), and keeps them; gpumem's frames
+    (in gpumem._C and the torch shim, hidden symbols) are named too."""
+    code = '''
+torch.cuda.memory._record_memory_history(stacks="all")
+x = torch.empty(1 << 20, device="cuda")
+alloc = [e for e in torch.cuda.memory._snapshot()["device_traces"][0]
+         if e["action"] == "alloc"][-1]
+emit([[f["name"], f["filename"]] for f in alloc["frames"] if f["line"] == 0][:6])
+'''
+    first = {"torch": run_gm(code, install=False), "gpumem": run_gm(code)}
+    allocator = {"torch": "NativeCachingAllocator::malloc", "gpumem": "GpumemAllocator::malloc"}
+    for who, frames in first.items():
+        names = [n for n, _f in frames]
+        i = next(i for i, n in enumerate(names) if "empty_generic" in n)
+        assert i >= 1 and any(allocator[who] in n for n in names[:i]), (who, frames)
+        assert not [n for n in names[:i] if n.startswith("??")], (who, frames)
+    assert not first["gpumem"][0][1].endswith(".so"), first["gpumem"][0]

@@ -271,3 +271,90 @@ def test_fits_verdict_leaves_room_for_the_cuda_context():
     assert roomy["fits"] is True and tight["fits"] is False, (roomy, tight)
     assert "the CUDA context holds 1.50 GiB" in tight["fits_reason"]
     assert tight["context_memory"] == 3 * GiB // 2
+
+
+# ------------------------------------------------- what a new user meets (issue 33)
+
+def test_memory_below_the_cuda_context_is_refused_before_running(tmp_path, capsys):
+    """--memory under the model's CUDA context (514 MiB on the H100 model)
+    would end in torch's 'invalid device ordinal' after a long run."""
+    marker = tmp_path / "ran"
+    cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    rc = simulate.main(["--out", str(tmp_path / "out"), "--memory", "200MiB", "--", *cmd])
+    err = capsys.readouterr().err
+    assert rc == 2 and not marker.exists(), err
+    (line,) = err.strip().splitlines()
+    assert "200 MiB" in line and "514 MiB" in line and "CUDA context" in line, line
+    assert simulate.main(["--out", str(tmp_path / "out"), "--gpu", "L4", "--memory", "100MiB",
+                          "--", *cmd]) == 2
+    assert "context" in capsys.readouterr().err and not marker.exists()
+
+
+def _report_text(capsys, report):
+    simulate._print_report(report)
+    return capsys.readouterr().out
+
+
+def test_limits_paragraph_only_when_memory_was_measured(capsys):
+    never = simulate._report(["python", "t.py"], 1, 80 * GiB, 1, "out", [], [], {}, 0.1)
+    no_cuda = simulate._report(["gpumem", "doctor"], 0, 80 * GiB, 1, "out",
+                               [{"pid": 1, "devices": {}}], [], {}, 0.1)
+    ran = simulate._report(["python", "t.py"], 0, 80 * GiB, 1, "out",
+                           [{"pid": 1, "devices": {"0": {"allocated": 1 << 20,
+                                                         "reserved": 2 << 20}}}], [], {}, 0.1)
+    assert "limits of the simulation" not in _report_text(capsys, never)
+    assert "limits of the simulation" not in _report_text(capsys, no_cuda)
+    assert "limits of the simulation" in _report_text(capsys, ran)
+
+
+FAKE_CPU_TORCH = '''
+__version__ = "2.14.1+cpu"
+class version:
+    cuda = None
+    hip = None
+def zeros(*a, device=None):
+    raise AssertionError("Torch not compiled with CUDA enabled")
+'''
+
+
+@pytest.mark.parametrize("which", ["missing", "cpu"])
+def test_a_missing_or_cpu_only_torch_is_named_with_how_to_install_it(tmp_path, which):
+    script = "import sys\n"
+    if which == "missing":   # this environment without its site-packages: no torch at all
+        script += "sys.path[:] = [p for p in sys.path if 'packages' not in p]\n"
+    else:                    # a CPU-only build of torch shadows the real one
+        (tmp_path / "torch").mkdir()
+        (tmp_path / "torch" / "__init__.py").write_text(FAKE_CPU_TORCH)
+    script += "import torch\ntorch.zeros(1, device='cuda')\n"
+    proc = run_simulate(tmp_path, script, expect_rc=1)
+    said = [line for line in (proc.stdout + proc.stderr).splitlines()
+            if "CUDA build" in line and "pip install" in line]
+    assert len(said) == 1, proc.stdout + proc.stderr
+    assert ("not installed" if which == "missing" else "2.14.1+cpu") in said[0], said
+    assert sys.executable in said[0] or "this environment" in said[0], said
+    assert "limits of the simulation" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_peaks_say_what_they_cover_when_the_script_resets_them(tmp_path):
+    """examples/compiled_fit.py resets the peaks after its compile step and
+    prints its own peak_allocated: simulate's whole-run figure is larger, and
+    the report gives both, each named."""
+    built_shim()
+    proc = run_simulate(tmp_path, '''
+        import torch
+        warm = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        del warm
+        torch.cuda.reset_peak_memory_stats()
+        x = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+        print("script peak", torch.cuda.memory_stats()["allocated_bytes.all.peak"])
+    ''', "--no-view")
+    script_peak = int(proc.stdout.split("script peak ")[1].split()[0])
+    report = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (row,) = report["per_device"]
+    assert row["peak_allocated"] >= 64 << 20 > script_peak
+    assert row["peak_allocated_since_reset"] == script_peak and row["peak_resets"] == 1, row
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("  device 0: allocated"))
+    assert "peak memory (gpumem's allocator, over the whole run):" in proc.stdout
+    assert "reset_peak_memory_stats" in line, line
+    assert "8.00 MiB" in line, line

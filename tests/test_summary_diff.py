@@ -314,12 +314,37 @@ def test_optimizer_step_regions_are_step_markers(tmp_path, capsys):
     path.write_bytes(pickle.dumps(snap, protocol=4))
     (dev,) = run_json(capsys, "summary", path)["devices"]
     assert dev["step_markers"] == "ends of Optimizer.step regions"
-    assert [s["label"] for s in dev["steps"]] == [
-        "step 1", "step 2 (after Optimizer.step)", "step 3 (after Optimizer.step)",
-        "step 4 (after Optimizer.step)"]
+    # numbered as the loop counts them: the k-th Optimizer.step ends step k
+    assert [s["label"] for s in dev["steps"]] == ["step 1", "step 2", "step 3", "step 4"]
     assert [s["growth"] for s in dev["steps"]] == [MiB] * 4
     assert dev["step_growth_sites"][0]["site"] == "/u/t.py:12:f"
     assert dev["step_growth_sites"][0]["delta_count"] == 3
+    # what runs after the last optimizer step (a validation pass) is not a fifth step
+    trace.append({"action": "alloc", "addr": 1 << 31, "size": MiB, "stream": 0,
+                  "time_us": t + 10, "frames": [{"filename": "/u/t.py", "line": 30,
+                                                 "name": "val"}]})
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    (dev,) = run_json(capsys, "summary", path)["devices"]
+    assert [s["label"] for s in dev["steps"]] == [
+        "step 1", "step 2", "step 3", "step 4", "after step 4"]
+    # gpumem.record's own markers (rec.step(), counted from 0 as a for loop counts)
+    # win over torch's Optimizer.step regions, and the summary prints labels whole
+    for k in range(4):
+        anns.append({"name": f"step {k}", "stage": "START", "device": 0,
+                     "time_us": trace[k * 5]["time_us"] - 1})
+    long_name = "a user's own marker that is longer than any column"
+    trace.append({"action": "alloc", "addr": (1 << 31) + MiB, "size": MiB, "stream": 0,
+                  "time_us": t + 20})
+    anns.append({"name": long_name, "stage": "START", "device": 0, "time_us": t + 15})
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    (dev,) = run_json(capsys, "summary", path)["devices"]
+    assert [s["label"] for s in dev["steps"]] == ["step 0", "step 1", "step 2", "step 3"]
+    assert dev["step_markers"] == "gpumem.record's steps"
+    del anns[-5:-1]   # without record's markers: every START, names whole in the text
+    anns[:] = [a for a in anns if not a["name"].startswith("Optimizer")]
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    assert cli.main(["summary", str(path)]) == 0
+    assert long_name in capsys.readouterr().out
 
 
 def test_sites_skip_library_frames():

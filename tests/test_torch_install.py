@@ -375,3 +375,33 @@ def test_torch_knows_every_key_the_preview_leaves_to_it():
     ''')
     o = last_json(proc.stdout)
     assert o["unknown"] == [] and "Unrecognized key 'bogus'" in o["bogus"], o
+
+
+@pytest.mark.slow
+@needs_torch
+def test_backward_wrapper_is_invisible_to_dynamo():
+    """torch.compile over a step that calls backward: the wrapper install()
+    puts on torch.autograd.backward gives Dynamo's graphs and breaks exactly
+    as torch's own function does, and no warning about gpumem._C (which
+    Dynamo cannot trace).  CPU tensors: no GPU needed."""
+    out = run_py('''
+        import json, warnings, torch
+        from gpumem.pytorch import installer as _torch
+        original = torch.autograd.backward
+        def explain():
+            def step(x):
+                torch.autograd.backward((x.sin() * 2).sum())
+                return x.grad
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                e = torch._dynamo.explain(step)(torch.randn(4, requires_grad=True))
+            return [e.graph_count, e.graph_break_count, len(e.break_reasons),
+                    [str(m.message)[:200] for m in w if "gpumem" in str(m.message)]]
+        torch_own = explain()
+        torch.autograd.backward = _torch._with_backward_context(original)
+        torch._dynamo.reset()
+        print(json.dumps({"torch": torch_own, "gpumem": explain()}))
+    ''')
+    r = last_json(out.stdout)
+    assert r["gpumem"][3] == [], r
+    assert r["gpumem"][:3] == r["torch"][:3], r

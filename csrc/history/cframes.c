@@ -1,6 +1,7 @@
 /*
  * cframes.c - C return addresses for stacks='all': capture with glibc's
- * backtrace(), symbolize lazily (at snapshot time) with dladdr.
+ * backtrace(), symbolize lazily (at snapshot time) with dladdr, or the
+ * object's symbol table for functions dladdr cannot name (elfsyms.c).
  *
  * Capture stores raw addresses only; symbolization happens once per unique
  * address per snapshot. C++ names are demangled with __cxa_demangle when the
@@ -83,12 +84,18 @@ int gm_cframes_symbolize(uintptr_t addr, char *name, size_t nlen, char *file, si
     /* A return address points after the call; addr - 1 is inside it. */
     int found = addr && dladdr((void *)(addr - 1), &info);
     copy_str(file, flen, found && info.dli_fname ? info.dli_fname : "??");
-    if (!found || !info.dli_sname) {
+    const char *sym = found ? info.dli_sname : NULL, *src = NULL;
+    /* A hidden or static function (all of gpumem's own): its object's .symtab,
+     * with its source file in place of the object's path, as torch gives. */
+    if (found && !sym && info.dli_fname &&
+        gm_elfsyms_lookup(info.dli_fname, addr - 1 - (uintptr_t)info.dli_fbase, &sym, &src) &&
+        src)
+        copy_str(file, flen, src);
+    if (!sym) {
         unsigned long off = found ? (unsigned long)(addr - (uintptr_t)info.dli_fbase) : addr;
         snprintf(name, nlen, "?? (+0x%lx)", off);
         return 0;
     }
-    const char *sym = info.dli_sname;
     char *dem = NULL;
     demangle_fn fn = sym[0] == '_' && sym[1] == 'Z' ? find_demangle() : NULL;
     if (fn) {

@@ -142,6 +142,12 @@ void gm_cframes_warmup(void);
  * loop (where a Python frame is spliced in), else 0. */
 int gm_cframes_symbolize(uintptr_t addr, char *name, size_t nlen, char *file, size_t flen);
 
+/* ---- local function names from an object's .symtab (elfsyms.c) ---- */
+/* The function of the ELF object at path containing offset (relative to its
+ * load base): 1 and its name (and its source file, or NULL) in strings that
+ * stay valid for the process's life; 0 if none is known. */
+int gm_elfsyms_lookup(const char *path, uint64_t offset, const char **name, const char **file);
+
 /* ---- entry points for the torch shim (also reachable through the
  * capsule gpumem._C._hist_api, for code outside this extension) ---- */
 #define GM_HIST_API_VERSION 2

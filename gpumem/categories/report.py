@@ -6,7 +6,7 @@ curves (``gpumem view``), and the terms of the estimation equation
     peak = parameters + optimizer state
            + max(gradients + optimizer intermediates, activations)
 
-Works on analysis.DeviceModel's allocations (requested sizes, the same model
+Works on snapshots.timeline.DeviceModel's allocations (requested sizes, the same model
 as the rest of summary and view), so the categories live at any trace entry
 add up to the allocated bytes the model reports there.  Snapshots without the
 table (torch's, or gpumem's recorded without categories) give None.
@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from gpumem.categories.classify import CATEGORIES, PHASES, TABLE_KEY
 
-# m: an analysis.DeviceModel (not imported: analysis imports this module)
+# m: a snapshots.timeline.DeviceModel (not imported: snapshots.summary imports this module)
 DeviceModel = Any
 
 __all__ = ["allocation_categories", "breakdown", "category_curves", "device_report",

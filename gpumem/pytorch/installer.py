@@ -367,11 +367,21 @@ def _apply_patches() -> None:
 def _with_backward_context(fn):
     """fn (torch.autograd.backward or grad), attributing the allocations that
     autograd's threads make meanwhile to the caller's line (Note [Backward
-    context] in csrc/python/hist_capture.c)."""
+    context] in csrc/python/hist_capture.c).
+
+    While Dynamo traces (torch.compiler.is_compiling(), which it folds to a
+    constant) the wrapper is only fn: Dynamo cannot trace gpumem._C and
+    would warn about it; it treats fn as it does without gpumem (backward is
+    a graph break, run eagerly, where the context is taken as usual)."""
     from gpumem import _C
+    import torch
+
+    is_compiling = torch.compiler.is_compiling
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if is_compiling():
+            return fn(*args, **kwargs)
         prev = _C._hist_backward_enter()
         try:
             return fn(*args, **kwargs)

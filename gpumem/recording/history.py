@@ -117,7 +117,7 @@ def record_memory_history(
     *,
     device: Any = None,
     skip_actions: list[str] | None = None,
-    categories: bool = False,
+    categories: bool | None = None,
 ) -> None:
     """Start, change or stop recording allocator history, on every device.
 
@@ -136,7 +136,8 @@ def record_memory_history(
         optimizer state, activation, ...) through a few global torch hooks and
         wrappers of torch.autograd.backward and .grad, and add
         the ``gpumem_categories`` table to snapshots (gpumem.categories.tagger);
-        each call sets it anew, so a call without it turns categories off.
+        each call sets it anew, so a call without it turns categories off
+        (under ``gpumem simulate --categories`` only an explicit False does).
 
     Invalid values raise HistoryConfigError (a ValueError) with torch's text.
     """
@@ -176,7 +177,7 @@ def _record_memory_history(
     skip_actions: list[str] | None = None,
     record_pinned_host_memory: bool = False,
     record_cuda: bool = True,
-    categories: bool = False,
+    categories: bool | None = None,
     **legacy: Any,
 ) -> None:
     """torch.cuda.memory._record_memory_history, with torch's signature and defaults.

@@ -211,7 +211,7 @@ class Recorder:
                  max_entries: int = 100_000, context: Optional[str] = "all",
                  stacks: str = "python", start_step: Optional[int] = None,
                  stop_step: Optional[int] = None, dump_on_oom: bool = True,
-                 categories: bool = False) -> None:
+                 categories: Optional[bool] = None) -> None:
         try:
             path = os.fspath(path)
         except TypeError:
@@ -239,7 +239,8 @@ class Recorder:
         self.start_step = start_step
         self.stop_step = stop_step
         self.dump_on_oom = bool(dump_on_oom)
-        self.categories = bool(categories)
+        # None: not asked for (off, except under gpumem simulate --categories)
+        self.categories = None if categories is None else bool(categories)
         self.step_index = 0
         self.written: list[str] = []
         self.oom_snapshots: list[str] = []
@@ -389,7 +390,7 @@ class Recorder:
 def record(path: str | os.PathLike[str] = "memory.pickle", *, max_entries: int = 100_000,
            context: Optional[str] = "all", stacks: str = "python",
            start_step: Optional[int] = None, stop_step: Optional[int] = None,
-           dump_on_oom: bool = True, categories: bool = False) -> Recorder:
+           dump_on_oom: bool = True, categories: Optional[bool] = None) -> Recorder:
     """Record memory history for a with block and write a snapshot at its end.
 
     path: the snapshot file (``_rank<N>`` is added under torch.distributed or
@@ -401,7 +402,8 @@ def record(path: str | os.PathLike[str] = "memory.pickle", *, max_entries: int =
     dump_on_oom: write <path stem>_oom.pickle when an allocation fails with
         out of memory inside the block (before the exception reaches Python).
     categories: note what each allocation is for (gpumem.categories.tagger); under
-        torch's own recorder (see below) there are none.
+        torch's own recorder (see below) there are none.  Not given, it is
+        off, except under ``gpumem simulate --categories``, which keeps it on.
 
     Returns a Recorder (use it in a with statement, or call start()/stop()).
     See the module docstring for nesting, torch's allocator and rank rules.

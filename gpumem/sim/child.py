@@ -60,6 +60,8 @@ class _TorchImportHook:
             spec = importlib.util.find_spec("torch")
         finally:
             self._finding = False
+        if spec is None:   # the script's import will fail: say why in the report
+            _note_torch_missing("absent")
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         original = spec.loader.exec_module
@@ -77,6 +79,7 @@ class _TorchImportHook:
 
 
 _peaks: dict[int, dict[str, int]] = {}   # device -> highest peaks seen before resets
+_resets: dict[int, int] = {}             # device -> the script's reset_peak_memory_stats calls
 _active_child = False
 
 
@@ -107,6 +110,11 @@ def _activate() -> None:
         _wrap_reset_peaks()
         _keep_recording(sys.modules["torch"], history)
     except Exception as e:  # the script still runs, on torch's allocator
+        from gpumem.pytorch.installer import TorchMissingError
+        torch = sys.modules.get("torch")
+        if isinstance(e, TorchMissingError) and torch is not None:   # a CPU-only build
+            _note_torch_missing(str(getattr(torch, "__version__", "unknown version")))
+            return
         atexit.register(_report_unrecorded, f"{type(e).__name__}: {e}")
         return
     from gpumem.recording.recorder import current_rank
@@ -134,13 +142,12 @@ def _keep_recording(torch: Any, history: Any) -> None:
         if enabled is None or enabled is False or kwargs.get("record_cuda") is False:
             _script_stops += 1
             return
-        if _categories_on():   # the script's settings, with categories kept on
-            kwargs["categories"] = True
         original(enabled, *args, **kwargs)
 
     for module in (torch.cuda.memory, torch.cuda):
         if getattr(module, "_record_memory_history", None) is original:
             module._record_memory_history = _record_memory_history
+    _keep_categories(history)
     write = history.write_snapshot
 
     def write_snapshot(snap: dict, filename: Any, **kwargs: Any) -> None:
@@ -150,6 +157,60 @@ def _keep_recording(torch: Any, history: Any) -> None:
             _script_dumps.append(path)
 
     history.write_snapshot = write_snapshot
+
+
+def _note_torch_missing(what: str) -> None:
+    """For the parent's one line on installing torch: 'absent', or the version
+    of a torch without CUDA.  Written at once: the script is about to fail."""
+    global _missing_noted
+    if not _missing_noted:
+        _missing_noted = True
+        _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "torch_missing": what,
+                      "python": sys.executable})
+
+
+_missing_noted = False
+
+
+_categories_warned = False
+
+
+def _keep_categories(history: Any) -> None:
+    """Under --categories, the script's recording calls that do not mention
+    categories (gpumem.record(...), torch's _record_memory_history) keep them
+    on; an explicit categories=False is obeyed, and said once on stderr."""
+    if not _categories_on():
+        return
+    import gpumem
+    original = history.record_memory_history
+
+    def record_memory_history(*args: Any, categories: Any = None, **kwargs: Any) -> None:
+        global _categories_warned
+        if categories is None:
+            categories = True
+        elif not categories and not _categories_warned:
+            _categories_warned = True
+            sys.stderr.write(f"gpumem simulate: the script turned categories off at "
+                             f"{_script_caller()} (categories=False), overriding --categories: "
+                             "the report has none from there on\n")
+        original(*args, categories=categories, **kwargs)
+
+    history.record_memory_history = record_memory_history
+    if getattr(gpumem, "record_memory_history", None) is original:
+        gpumem.record_memory_history = record_memory_history
+
+
+def _script_caller() -> str:
+    """file:line of the innermost frame outside gpumem and the standard library's contextlib."""
+    import contextlib
+    skip = (os.path.dirname(os.path.abspath(__file__)), os.path.abspath(contextlib.__file__))
+    f = sys._getframe(1)
+    while f is not None:
+        name = os.path.abspath(f.f_code.co_filename)
+        if not name.startswith(skip):
+            return f"{f.f_code.co_filename}:{f.f_lineno}"
+        f = f.f_back
+    return "<unknown>"
 
 
 def _report_unrecorded(why: str) -> None:
@@ -186,6 +247,7 @@ def _wrap_reset_peaks() -> None:
 
     def reset_peak(device: int) -> None:
         _note_peaks()
+        _resets[device] = _resets.get(device, 0) + 1
         original(device)
 
     shim.reset_peak = reset_peak
@@ -199,6 +261,10 @@ def _note_peaks() -> dict[int, dict[str, int]]:
         cur = _peaks.setdefault(d, {"allocated": 0, "reserved": 0})
         cur["allocated"] = max(cur["allocated"], st.get("allocated_bytes.all.peak", 0))
         cur["reserved"] = max(cur["reserved"], st.get("reserved_bytes.all.peak", 0))
+        # what the script itself sees: the peaks since its last reset
+        cur["allocated_since_reset"] = st.get("allocated_bytes.all.peak", 0)
+        cur["reserved_since_reset"] = st.get("reserved_bytes.all.peak", 0)
+        cur["resets"] = _resets.get(d, 0)
         cur["num_ooms"] = st.get("num_ooms", 0)
         cur["allocated_end"] = st.get("allocated_bytes.all.current", 0)
         cur["reserved_end"] = st.get("reserved_bytes.all.current", 0)

@@ -231,14 +231,20 @@ def _equation_lines(eqs: dict[str, Any]) -> list[str]:
             continue
         for d, t in rows.items():
             gi = t["gradients_plus_optimizer_intermediates"]
+            if not t["estimate"]:   # nothing measured: no equation, and no branch to name
+                lines.append(f"estimation equation (device {d}): no allocation was noted as a "
+                             f"parameter, optimizer state, gradient or activation (measured peak "
+                             f"allocated {fb(t['measured_peak'])}, unknown at the peak "
+                             f"{fb(t['at_peak']['unknown'])})")
+                continue
             lines.append(f"estimation equation, measured (device {d}, each term at its own peak):")
             lines.append(f"  parameters {fb(t['parameters'])} + optimizer state "
                          f"{fb(t['optimizer_state'])} + max(gradients + optimizer intermediates "
                          f"{fb(gi)}, activations {fb(t['activations'])}) = {fb(t['estimate'])}")
             lines.append(f"    (gradients {fb(t['gradients'])}, optimizer intermediates "
                          f"{fb(t['optimizer_intermediates'])})")
-            if t.get("peak_branch"):
-                a = t["at_peak"]
+            a = t["at_peak"]
+            if t.get("peak_branch") and (a["activation"] or a["gradient"]):
                 lines.append(f"  measured peak allocated {fb(t['measured_peak'])}: the "
                              f"{t['peak_branch'].replace('_', ' ')} branch sets it (at the peak: "
                              f"activations {fb(a['activation'])}, gradients "
@@ -254,9 +260,11 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
             context: int = 0) -> dict[str, Any]:
     """context: device memory the CUDA context holds, which no allocation can
     have: the script fits if its peak fits in memory - context."""
+    missing = [p for p in procs if p.get("torch_missing")]
     unrecorded = [p for p in procs if p.get("install_error")]
     crashed = [p for p in procs if p.get("incomplete")]
-    procs = [p for p in procs if not p.get("incomplete") and not p.get("install_error")]
+    procs = [p for p in procs if not p.get("incomplete") and not p.get("install_error")
+             and not p.get("torch_missing")]
     rows = []
     for p in procs:
         for d, v in sorted((p.get("devices") or {}).items(), key=lambda kv: int(kv[0])):
@@ -265,7 +273,10 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                          "peak_reserved": v.get("reserved", 0), "num_ooms": v.get("num_ooms", 0),
                          "allocated_at_exit": v.get("allocated_end", 0),
                          "reserved_at_exit": v.get("reserved_end", 0),
-                         "device_peak": v.get("device_peak")})
+                         "device_peak": v.get("device_peak"),
+                         "peak_resets": v.get("resets", 0),
+                         "peak_allocated_since_reset": v.get("allocated_since_reset"),
+                         "peak_reserved_since_reset": v.get("reserved_since_reset")})
     ooms = sum(r["num_ooms"] for r in rows) or len(oom_files)
     peak = max((r["peak_reserved"] for r in rows), default=None)
     verdict = None
@@ -282,6 +293,7 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                            "using torch, so their memory was not measured")
     elif not rows:
         fits, why = None, ("no CUDA memory was used" if procs else
+                           "torch's CUDA build is missing, see above" if missing else
                            "the command never imported torch")
         if crashed:
             why = (f"no statistics: {len(crashed)} process(es) using torch did not exit "
@@ -313,12 +325,33 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
             + [f"pid {p.get('pid')} ({' '.join(p.get('argv') or [])}): gpumem could not be "
                f"installed ({p['install_error']})" for p in unrecorded],
             "unrecorded": len(unrecorded),
+            "torch_missing": _torch_missing_line(missing) if missing and not rows else None,
             **_rank_report.per_rank(rows, crashed, oom_files, memory, context),
-            "limits": LIMITS}
+            # what the simulation cannot tell matters only where it measured something
+            "limits": LIMITS if rows or ooms else None}
+
+
+#: torch 2.14.1's CUDA 13.0 wheels, the build gpumem is tested with (pyproject's test extra)
+TORCH_INDEX = "https://download.pytorch.org/whl/cu130"
+
+
+def _torch_missing_line(missing: list[dict]) -> str:
+    """One line: the run's Python has no torch, or a torch without CUDA, and how to fix it."""
+    p = missing[0]
+    python = p.get("python") or "python"
+    if p["torch_missing"] == "absent":
+        what = f"torch is not installed in this environment ({python})"
+        pip = f"{python} -m pip install torch --index-url {TORCH_INDEX}"
+    else:
+        what = (f"this environment's torch ({p['torch_missing']}, {python}) has no CUDA "
+                "support, which the simulated GPU needs")
+        pip = f"{python} -m pip install --force-reinstall torch --index-url {TORCH_INDEX}"
+    return f"{what}: install its CUDA build, for example: {pip}"
 
 
 def _context_memory(env: dict, model: dict) -> int:
     """What the simulated context holds: the override, or the model's."""
+    from gpumem import sim
     for var in ("GPUMEM_FAKECUDA_CONTEXT_MEMORY", "GPUMEM_SIM_CONTEXT_MEMORY"):
         if env.get(var):
             try:
@@ -332,14 +365,27 @@ def _times(n: int) -> str:
     return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
 
 
+def _since_reset(row: dict) -> str:
+    """The peaks the script itself reads, when it reset them (the whole-run
+    figures before it include what came before, a compile step's, say)."""
+    if not row.get("peak_resets") or row.get("peak_allocated_since_reset") is None:
+        return ""
+    return (f"; since the script's last "
+            f"torch.cuda.reset_peak_memory_stats(), which its own figures start from: "
+            f"allocated {format_bytes(row['peak_allocated_since_reset'])}, reserved "
+            f"{format_bytes(row['peak_reserved_since_reset'])}")
+
+
 def _print_report(r: dict[str, Any]) -> None:
     lines = [f"gpumem simulate: {shlex.join(r['command'])} exited with status {r['exit_status']} "
              f"after {r['seconds']:.1f} s on {r['devices']} simulated GPU(s) of "
              f"{format_bytes(r['memory'], whole_units=True)}"
              + (f", {r['gpu']['model']}" if r.get("gpu") else "")]
+    if r.get("torch_missing"):
+        lines.append(f"gpumem simulate: {r['torch_missing']}")
     lines.extend(_rank_report.rank_lines(r))
     if r["per_device"] and not r.get("per_rank"):
-        lines.append("peak memory (gpumem's allocator):")
+        lines.append("peak memory (gpumem's allocator, over the whole run):")
         multi = len({(row["pid"]) for row in r["per_device"]}) > 1
         for row in r["per_device"]:
             who = ""
@@ -348,7 +394,8 @@ def _print_report(r: dict[str, Any]) -> None:
             lines.append(f"  {who}device {row['device']}: allocated "
                          f"{format_bytes(row['peak_allocated'])}, "
                          f"reserved {format_bytes(row['peak_reserved'])}"
-                         + (f", {row['num_ooms']} OOM(s)" if row["num_ooms"] else ""))
+                         + (f", {row['num_ooms']} OOM(s)" if row["num_ooms"] else "")
+                         + _since_reset(row))
     lines.append(f"fits in {format_bytes(r['memory'], whole_units=True)}: {r['verdict']} "
                  f"({r['fits_reason']})")
     for path in r["snapshots"]:
@@ -372,7 +419,8 @@ def _print_report(r: dict[str, Any]) -> None:
     lines.extend(_equation_lines(r.get("equation") or {}))
     for e in r["errors"]:
         lines.append(f"error in the run: {e}")
-    lines.append(f"{r['limits']}.")
+    if r.get("limits"):
+        lines.append(f"{r['limits']}.")
     print("\n".join(lines), flush=True)
 
 
@@ -402,6 +450,12 @@ def run(args: argparse.Namespace) -> int:
             return _error(f"--gpu: {e}")
         memory = sim.parse_size(args.memory) if args.memory is not None else model["memory"]
         base = dict(os.environ)
+        context = _context_memory(base, model)
+        if memory <= context:
+            return _error(f"--memory {format_bytes(memory, whole_units=True)} leaves nothing "
+                          f"beside the CUDA context of the simulated {model.key} "
+                          f"({format_bytes(context, whole_units=True)}), which every process "
+                          "using the GPU holds; give more than that; nothing was run")
         env_probe = sim.sim_env(memory=memory, devices=devices, base=base, gpu=model.key)
         _launch.host_memory_env(env_probe, args.host_memory, nproc)
     except sim.SimError as e:
@@ -461,7 +515,7 @@ def run(args: argparse.Namespace) -> int:
         oom_files = sorted(oom_files)
         pages = {} if args.no_view else _views(procs, oom_files, out)
         report = _report(cmd, rc, memory, devices, out, procs, oom_files, pages, seconds,
-                         context=_context_memory(env, model))
+                         context=context)
         report["gpu"] = sim_gpus.describe(model)
         if args.categories:
             report["equation"] = _equations(report["snapshots"])

@@ -5,7 +5,7 @@ their snapshots (``snapshot_rank3.pickle``, ``memory_rank3.pkl``,
 ``oom_<host>_<pid>_<n>_rank3.pickle``): every ``*.pickle`` and ``*.pkl`` file
 directly in it is read; the rank is the N of ``_rank<N>`` or ``rank<N>``
 before the extension (none: the row says "-").  Each row comes from
-analysis.summarize, as ``gpumem summary FILE`` reports it, plus the largest
+snapshots.summary.summarize, as ``gpumem summary FILE`` reports it, plus the largest
 single allocation.  A file that cannot be read is named on stderr and
 skipped; the command fails (one line) only when no file could be read.
 Nothing here prints but rank_summary_lines' caller.

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from gpumem.categories import report as category_report
 from gpumem.snapshots.sites import StackTable
-from gpumem.snapshots.timeline import (DeviceModel, block_bytes, block_frames, build_device,
+from gpumem.snapshots.timeline import (OPTIMIZER_ENDS, DeviceModel, block_bytes, block_frames, build_device,
                                        devices_of, end_blocks, pick_device)
 
 __all__ = ["live_by_site", "end_live", "segment_totals", "summarize", "diff"]

@@ -284,23 +284,33 @@ def _pick_markers(m: DeviceModel, snap: dict, meta_runs: list, annots: list, sna
         m.marker_source = "user_metadata changes"
         return
     ext = snap.get("external_annotations")
+    source = "annotations"
     if not annots and isinstance(ext, list) and any(t is not None for t in m.times):
-        annots = _annotation_markers(m, ext)
+        annots, source = _annotation_markers(m, ext)
     if annots:
         m.markers = annots
-        m.marker_source = ("ends of Optimizer.step regions"
-                           if annots[0][1].endswith("(after Optimizer.step)") else "annotations")
+        m.marker_source = source
     elif snaps:
         m.markers = snaps
         m.marker_source = "'snapshot' trace entries"
 
 
-def _annotation_markers(m: DeviceModel, ext: list) -> list[tuple[int, str]]:
-    """external_annotations placed on the trace by time_us.
+OPTIMIZER_ENDS = "ends of Optimizer.step regions"
 
-    The END of torch's automatic "Optimizer.step#..." region ends a training
-    step, so when there is one those ENDs are the boundaries; otherwise every
-    region's START is one.
+
+def _record_step(name: str) -> bool:
+    """gpumem.record's own marker, 'step N' (rec.step(), counted from 0)."""
+    return name.startswith("step ") and name[5:].isdigit()
+
+
+def _annotation_markers(m: DeviceModel, ext: list) -> tuple[list[tuple[int, str]], str]:
+    """external_annotations placed on the trace by time_us, and where they came from.
+
+    gpumem.record's 'step N' STARTs are the user's own count, so they win.
+    Else the END of torch's automatic "Optimizer.step#..." region ends a
+    training step: the k-th END closes step k (the step after it is k + 1,
+    and what follows the last one is "after step N", not a step of its own);
+    otherwise every region's START is a boundary.
     """
     known = [(t, i) for i, t in enumerate(m.times) if t is not None]
     ts = [t for t, _ in known]
@@ -311,16 +321,18 @@ def _annotation_markers(m: DeviceModel, ext: list) -> list[tuple[int, str]]:
         t = _opt_int(a.get("time_us"))
         if t is not None:
             regions.append((t, _text(a.get("stage"), 10), _text(a.get("name"), 120)))
+    own = [r for r in regions if r[1] == "START" and _record_step(r[2])]
     steps = [r for r in regions if r[2].startswith("Optimizer.step") and r[1] == "END"]
     out = []
-    if steps:
+    if steps and not own:
         for k, (t, _stage, _name) in enumerate(sorted(steps)):
             j = bisect.bisect_right(ts, t)
             if j < len(known):
-                out.append((known[j][1], f"step {k + 2} (after Optimizer.step)"))
-        return out
-    for t, stage, name in sorted(regions):
+                out.append((known[j][1], f"step {k + 2}" if k + 1 < len(steps)
+                            else f"after step {k + 1}"))
+        return out, OPTIMIZER_ENDS
+    for t, stage, name in sorted(own or regions):
         j = bisect.bisect_left(ts, t)
         if stage in ("START", "") and j < len(known):
             out.append((known[j][1], name))
-    return out
+    return out, "gpumem.record's steps" if own else "annotations"

@@ -131,7 +131,10 @@ def _thin(items: list, limit: int) -> list:
     return [items[k * (len(items) - 1) // (limit - 1)] for k in range(limit)]
 
 
-def _timeline(m: DeviceModel, out: _Out, caps: dict) -> dict | None:
+def _timeline(m: DeviceModel, out: _Out, caps: dict,
+              cats: list[int] | None = None) -> dict | None:
+    """cats: each allocation's category (category_report), given to its band so
+    that it has the colour the category chart gives it (-1: none)."""
     if not m.has_trace:
         return None
     samples = _samples(m, caps["samples"])
@@ -162,7 +165,8 @@ def _timeline(m: DeviceModel, out: _Out, caps: dict) -> dict | None:
     total = [m.allocated[x] for x in samples]
     chosen.sort(key=lambda c: (m.a_start[c[0]], c[0]))
     bands = [[s0, s1, m.a_size[a], out.stack(m.a_stack[a]), m.a_start[a],
-              m.a_end[a] if m.a_end[a] < m.n_events else -1, f"0x{m.a_addr[a]:x}"]
+              m.a_end[a] if m.a_end[a] < m.n_events else -1, f"0x{m.a_addr[a]:x}",
+              cats[a] if cats else -1]
              for a, s0, s1 in chosen]
     t0 = next((t for t in m.times if t is not None), None)
     times = None
@@ -183,29 +187,35 @@ def _timeline(m: DeviceModel, out: _Out, caps: dict) -> dict | None:
     }
 
 
-def _categories(snap: dict, m: DeviceModel, timeline: dict | None) -> dict | None:
+def _categories(m: DeviceModel, cats: list[int] | None,
+                timeline: dict | None) -> dict | None:
     """Bytes per category at the timeline's samples (snapshots recorded with
-    categories only): the stacked-by-category view."""
-    cats = category_report.allocation_categories(snap, m)
+    categories only): the stacked-by-category view.  all_names: the names
+    the bands' and blocks' category indices refer to."""
     if cats is None or not timeline:
         return None
     curves = category_report.category_curves(m, cats, timeline["ev"])
     names = [n for n in curves if any(curves[n])]
     return {"names": names, "series": [curves[n] for n in names],
+            "all_names": list(category_report.CATEGORIES),
             "at_peak": category_report.breakdown(m, cats, m.peak_index),
             "at_end": category_report.breakdown(m, cats, m.n_events - 1)}
 
 
-def _segments(snap: dict, dev: int, m: DeviceModel, out: _Out, caps: dict) -> dict:
+def _segments(snap: dict, dev: int, m: DeviceModel, out: _Out, caps: dict,
+              cats: list[int] | None = None) -> dict:
     live_stack = {m.a_addr[a]: m.a_stack[a] for a, e in enumerate(m.a_end) if e >= m.n_events}
+    live_cat = {m.a_addr[a]: cats[a] for a, e in enumerate(m.a_end)
+                if e >= m.n_events} if cats else {}
     segs = [s for s in snap["segments"] if s["device"] == dev]
     sizes = sorted((b["size"] for s in segs for b in s.get("blocks", [])), reverse=True)
     cap = caps["blocks"]
     threshold = sizes[cap // 2] if len(sizes) > cap else -1
-    rows, bs, bst, breq, bstack, bcount = [], [], [], [], [], []
+    rows, bs, bst, breq, bstack, bcount, bcat = [], [], [], [], [], [], []
     merged = 0
 
-    def put(size: int, state: int, req: int, stack: int, count: int) -> None:
+    def put(size: int, state: int, req: int, stack: int, count: int, cat: int = -1) -> None:
+        bcat.append(cat)
         bs.append(size)
         bst.append(state)
         breq.append(req)
@@ -230,7 +240,8 @@ def _segments(snap: dict, dev: int, m: DeviceModel, out: _Out, caps: dict) -> di
                 run = None
             if state < 2:
                 sid = out.st.intern(block_frames(block)) or live_stack.get(addr, 0)
-                put(size, state, block_bytes(block), out.stack(sid), 1)
+                put(size, state, block_bytes(block), out.stack(sid), 1,
+                    live_cat.get(addr, -1))
             else:
                 put(size, state, 0, -1, 1)
             addr += size
@@ -242,7 +253,7 @@ def _segments(snap: dict, dev: int, m: DeviceModel, out: _Out, caps: dict) -> di
                      bool(seg.get("is_expandable", False)), first, len(bs) - first])
     return {"stats": segment_totals(snap, dev), "segs": rows,
             "blocks": {"size": bs, "state": bst, "req": breq, "stack": bstack,
-                       "count": bcount},
+                       "count": bcount, "cat": bcat},
             "merged": merged, "merge_threshold": threshold}
 
 
@@ -300,9 +311,10 @@ def build_payload(snap: dict, name: str, device: int | None = None,
     stacks = StackTable()
     m = build_device(snap, dev, stacks)
     out = _Out(stacks, caps["stacks"])
-    timeline = _timeline(m, out, caps)
+    cats = category_report.allocation_categories(snap, m)
+    timeline = _timeline(m, out, caps, cats)
     table = _table(snap, dev, m, out)
-    segments = _segments(snap, dev, m, out, caps)
+    segments = _segments(snap, dev, m, out, caps, cats)
     devices = []
     for d in devices_of(snap):
         traces = snap["device_traces"]
@@ -337,7 +349,7 @@ def build_payload(snap: dict, name: str, device: int | None = None,
                      f"that was not allocated, or an address allocated twice).")
     return {"version": 1, "file": name, "device": dev, "devices": devices,
             "header": _header(snap, dev, m), "notes": notes, "timeline": timeline,
-            "categories": _categories(snap, m, timeline),
+            "categories": _categories(m, cats, timeline),
             "segments": segments, "table": table, "frames": out.frames,
             "stacks": out.stacks, "stack_site": out.stack_site, "sites": out.sites}
 

@@ -34,6 +34,19 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
+  // Snapshots recorded with categories: every view colours an allocation by its
+  // category, the colours of the category chart (viewer_categories.js), so one
+  // allocation has one colour wherever it appears; otherwise by source line.
+  var CATEGORY_COLORS = { parameter: "#2f855a", optimizer_state: "#d69e2e", gradient: "#dd6b20",
+                          activation: "#c53030", input: "#1d232b", temporary: "#9f7aea",
+                          autograd_detail: "#3182ce", unknown: "#b8c0cc", workspace: "#718096" };
+  var CAT_NAMES = D.categories ? D.categories.all_names || null : null;
+  function categoryColor(name) { return CATEGORY_COLORS[name] || "#718096"; }
+  function allocColor(stack, cat) {
+    if (CAT_NAMES && cat !== undefined && cat >= 0 && cat < CAT_NAMES.length)
+      return categoryColor(CAT_NAMES[cat]);
+    return siteColor(stackSite(stack));
+  }
   function siteColor(site) {
     if (site < 0) return "#b8c0cc";
     var h = (site * 137.508) % 360;
@@ -265,7 +278,7 @@
     for (var b = 0; b < TL.bands.length; b++) {
       ctx.beginPath();
       if (!bandPath(ctx, g, b, r)) continue;
-      ctx.fillStyle = siteColor(stackSite(TL.bands[b][3]));
+      ctx.fillStyle = allocColor(TL.bands[b][3], TL.bands[b][7]);
       ctx.fill();
       drawn++;
     }
@@ -284,7 +297,7 @@
       if (x < g.L || x > g.L + g.W) return;
       ctx.strokeStyle = "rgba(43,108,176," + (dense ? "0.9" : "0.45") + ")";
       ctx.beginPath(); ctx.moveTo(x, g.T); ctx.lineTo(x, dense ? g.T + 6 : g.T + g.H); ctx.stroke();
-      var label = String(m[1]).slice(0, 24);
+      var label = String(m[1]);
       if (x > lastLabel) {
         ctx.fillStyle = "#2b6cb0"; ctx.fillText(label, x + 3, g.T + 10);
         lastLabel = x + ctx.measureText(label).width + 10;
@@ -449,7 +462,9 @@
     stat(box, fmtBytes(s.largest_free_block), "largest free block");
     stat(box, fmtBytes(s.free_in_used_segments), "free inside segments in use (fragments)");
     var leg = $("segments-legend");
-    [["allocated (coloured by source line)", "linear-gradient(90deg,#7fb3d5,#e59866,#82c99a)"],
+    [[CAT_NAMES ? "allocated (coloured by category, as in the chart above)"
+                : "allocated (coloured by source line)",
+      "linear-gradient(90deg,#7fb3d5,#e59866,#82c99a)"],
      ["pending free", PENDING_CSS], ["reserved but unallocated", STATE_COLORS[2]],
      ["merged small blocks", STATE_COLORS[3]], ["segment start", "#1d232b"]].forEach(function (x) {
       var span = el("span"), sw = el("i");
@@ -506,7 +521,7 @@
       var st = bl.state[b];
       if (st === 2) continue;
       span(sg.starts[b], sg.starts[b] + bl.size[b],
-           st === 0 ? siteColor(stackSite(bl.stack[b])) : st === 1 ? pending : STATE_COLORS[st], false);
+           st === 0 ? allocColor(bl.stack[b], bl.cat ? bl.cat[b] : -1) : st === 1 ? pending : STATE_COLORS[st], false);
       drawn++;
     }
     for (var s = 0; s < SG.segs.length; s++) {
@@ -608,7 +623,7 @@
         var td = tr.insertCell();
         if (c.key === 0) {
           var sw = el("span", "swatch"); sw.style.background = siteColor(r[0]);
-          td.appendChild(sw); td.appendChild(document.createTextNode(siteLabel(r[0])));
+          if (!CAT_NAMES) td.appendChild(sw);   // bands are coloured by category then td.appendChild(document.createTextNode(siteLabel(r[0])));
         } else {
           td.textContent = c.bytes ? fmtBytes(r[c.key]) : fmtCount(r[c.key]);
         }
@@ -646,6 +661,7 @@
   window.gpumemView = {
     data: D,
     fmtBytes: fmtBytes,   // shared with viewer_categories.js
+    categoryColor: categoryColor,
     showTip: showTip,
     hideTip: hideTip,
     // Milliseconds to draw both canvases again (the cost of a zoom or a resize).

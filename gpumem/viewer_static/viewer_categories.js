@@ -13,10 +13,6 @@
   if (!C || !TL || !C.names.length) return;
   var $ = function (id) { return document.getElementById(id); };
   var DPR = window.devicePixelRatio || 1;
-  var COLORS = { parameter: "#2f855a", optimizer_state: "#d69e2e", gradient: "#dd6b20",
-                 activation: "#c53030", input: "#1d232b", temporary: "#9f7aea",
-                 autograd_detail: "#3182ce", unknown: "#b8c0cc",
-                 workspace: "#718096" };
   var section = $("categories-section"), canvas = $("categories-canvas");
   section.hidden = false;
   var S = TL.ev.length, K = C.names.length;
@@ -52,7 +48,7 @@
       }
       ctx.lineTo(xOf(g, S), yOf(g, 0));
       ctx.closePath();
-      ctx.fillStyle = COLORS[C.names[k]] || "#718096";
+      ctx.fillStyle = V.categoryColor(C.names[k]);
       ctx.fill();
     }
     ctx.strokeStyle = "#9aa5b1"; ctx.fillStyle = "#5d6673"; ctx.font = "11px system-ui, sans-serif";
@@ -85,7 +81,7 @@
   var legend = $("categories-legend");
   C.names.forEach(function (n) {
     var s = document.createElement("span"), i = document.createElement("i");
-    i.style.background = COLORS[n] || "#718096";
+    i.style.background = V.categoryColor(n);
     s.appendChild(i); s.appendChild(document.createTextNode(n));
     legend.appendChild(s);
   });
