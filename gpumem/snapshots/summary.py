@@ -15,8 +15,8 @@ from typing import Any, Iterable
 
 from gpumem.categories import report as category_report
 from gpumem.snapshots.sites import StackTable
-from gpumem.snapshots.timeline import (OPTIMIZER_ENDS, DeviceModel, block_bytes, block_frames, build_device,
-                                       devices_of, end_blocks, pick_device)
+from gpumem.snapshots.timeline import (OPTIMIZER_ENDS, DeviceModel, block_bytes, block_frames,
+                                       build_device, devices_of, end_blocks, pick_device)
 
 __all__ = ["live_by_site", "end_live", "segment_totals", "summarize", "diff"]
 
@@ -183,7 +183,7 @@ def _steps(m: DeviceModel, top: int) -> tuple[list[dict], str | None, list[dict]
     labels = [label for _, label in m.markers]
     if bounds[0] > 0:
         bounds.insert(0, 0)
-        labels.insert(0, "step 1" if labels[0].endswith("(after Optimizer.step)")
+        labels.insert(0, "step 1" if m.marker_source == OPTIMIZER_ENDS
                       else "(before the first marker)")
     order = sorted((s, a) for a, s in enumerate(m.a_start) if s >= 0)
     starts = [s for s, _ in order]
