@@ -70,6 +70,13 @@ def outcome(p: dict[str, Any], rc: int) -> Optional[dict[str, Any]]:
     if ended.get("exception") == "KeyboardInterrupt":
         return {"kind": "stopped", "what": "was stopped by SIGINT", "line": ended.get("line"),
                 "time": ended.get("time"), "signal": "SIGINT"}
+    if ended.get("exception") == "ChildFailedError":
+        return None   # torchrun's launcher summing up its ranks' failures, reported each
+    if ended.get("exception") == "SignalException":   # torchrun's launcher, stopped by a signal
+        m = re.search(r"got signal: (\d+)", ended.get("message") or "")
+        name = _signal_name(int(m.group(1))) if m else None
+        return {"kind": "stopped", "what": f"was stopped by {name or 'a signal'}", "line": None,
+                "time": ended.get("time"), "signal": name}
     if ended.get("exception"):
         msg = f": {ended['message']}" if ended.get("message") else ""
         return {"kind": "exception", "what": f"raised {ended['exception']}{msg}",
@@ -79,6 +86,14 @@ def outcome(p: dict[str, Any], rc: int) -> Optional[dict[str, Any]]:
         return {"kind": "exit", "what": f"called sys.exit({ended['exit_code']}){msg}",
                 "line": ended.get("line"), "time": ended.get("time"), "signal": None}
     return None
+
+
+def _signal_name(signo: int) -> str:
+    import signal
+    try:
+        return signal.Signals(signo).name
+    except ValueError:
+        return f"signal {signo}"
 
 
 def describe(p: dict[str, Any], o: dict[str, Any]) -> str:

@@ -111,10 +111,52 @@ def test_one_of_two_ranks_failing_is_named_and_the_other_was_stopped(tmp_path):
     assert "raised ValueError: rank one gives up" in line1 and "(the first to fail)" in line1
     assert "stopped by the launcher" in line0
     assert "rank 1 raised ValueError" in report["fits_reason"]
+    assert [f["rank"] for f in report["failures"]] == [1]   # not torchrun's ChildFailedError
     assert os.path.exists(tmp_path / "out" / "snapshot_rank0.pickle")
 
 
 SLEEPER = ALLOC + 'print("ready", os.getpid(), flush=True)\ntime.sleep(120)\n'
+RANK_SLEEPER = """
+import os, time, torch
+local = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local)
+x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+print("ready", os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+
+def _stop(tmp_path, signo, script, *args):
+    """Run script under simulate, send signo to simulate alone once every
+    process printed "ready"; (simulate's status, stdout, the script's pids, seconds
+    from the signal to simulate's end)."""
+    sim_lib_dir()
+    built_shim()
+    (tmp_path / "script.py").write_text(script)
+    cmd = ([str(tmp_path / "script.py")] if args else [sys.executable, str(tmp_path / "script.py")])
+    proc = subprocess.Popen([sys.executable, "-m", "gpumem.simulate", "--out",
+                             str(tmp_path / "out"), "--no-view", *args, "--", *cmd],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=_env())
+    try:
+        pids = []
+        while len(pids) < (2 if args else 1):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.poll() is not None else "no output"
+            if line.startswith("ready "):
+                pids.append(int(line.split()[1]))
+        sent = time.monotonic()
+        proc.send_signal(signo)   # to simulate alone, not to its process group
+        out, err = proc.communicate(timeout=20)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signo, (proc.returncode, out[-2000:], err[-2000:])
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    return out, took
 
 
 @needs_torch
@@ -123,27 +165,8 @@ SLEEPER = ALLOC + 'print("ready", os.getpid(), flush=True)\ntime.sleep(120)\n'
 def test_a_signal_to_simulate_stops_the_job_and_keeps_the_snapshot(tmp_path, signo):
     """Before: SIGTERM ended simulate at once and left the script running;
     SIGINT to simulate alone waited 30 s, killed the script, wrote no snapshot."""
-    sim_lib_dir()
-    built_shim()
-    (tmp_path / "script.py").write_text(SLEEPER)
-    proc = subprocess.Popen([sys.executable, "-m", "gpumem.simulate", "--out",
-                             str(tmp_path / "out"), "--no-view", "--", sys.executable,
-                             str(tmp_path / "script.py")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env())
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("ready "), (line, proc.stderr.read() if proc.poll() else "")
-        child = int(line.split()[1])
-        sent = time.monotonic()
-        proc.send_signal(signo)   # to simulate alone, not to its process group
-        out, err = proc.communicate(timeout=20)
-        assert time.monotonic() - sent < 20
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signo, (proc.returncode, out[-2000:], err[-2000:])
-    with pytest.raises(ProcessLookupError):
-        os.kill(child, 0)
+    out, took = _stop(tmp_path, signo, SLEEPER)
+    assert took < 20
     report = json.loads((tmp_path / "out" / "summary.json").read_text())
     name = signal.Signals(signo).name
     assert report["verdict"] == "stopped" and report["signal"] == name
@@ -151,3 +174,16 @@ def test_a_signal_to_simulate_stops_the_job_and_keeps_the_snapshot(tmp_path, sig
     assert os.path.getsize(tmp_path / "out" / "snapshot.pickle") > 0
     assert report["per_device"][0]["peak_reserved"] == GiB
     assert f"gpumem simulate was stopped by {name}" in out
+
+
+@needs_torch
+@pytest.mark.slow
+def test_sigterm_to_simulate_stops_every_rank_and_keeps_their_snapshots(tmp_path):
+    out, took = _stop(tmp_path, signal.SIGTERM, RANK_SLEEPER, "--nproc-per-node", "2")
+    assert took < 20
+    report = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert report["verdict"] == "stopped" and report["failures"] == []
+    rows = {r["rank"]: r for r in report["per_rank"]}
+    for r in (0, 1):
+        assert rows[r]["signal"] == "SIGTERM" and rows[r]["peak_reserved"] == GiB
+        assert os.path.getsize(tmp_path / "out" / f"snapshot_rank{r}.pickle") > 0
