@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any, Optional
 
-__all__ = ["read_fault", "outcome", "failure_text", "describe"]
+__all__ = ["read_fault", "read_fatal_peaks", "outcome", "failure_text", "describe"]
 
 _FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
           "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
@@ -44,6 +44,23 @@ def read_fault(path: str) -> Optional[dict[str, Any]]:
     own = [f for f in frames if _own_code(f[0])] or frames
     line = f"{own[0][0]}:{own[0][1]} in {own[0][2]}" if own else None
     return {"fatal_signal": signal, "line": line, "time": when}
+
+
+def read_fatal_peaks(path: str) -> Optional[dict[int, int]]:
+    """{device: the most memory it held} written by the fake driver as the
+    process died of a fatal signal (csrc/sim/driver/fakecuda_fatal.c); None
+    when there is no such file."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            text = f.read(1 << 14)
+    except OSError:
+        return None
+    peaks = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and all(x.isdigit() for x in parts) and int(parts[1]) > 0:
+            peaks[int(parts[0])] = int(parts[1])
+    return peaks
 
 
 def outcome(p: dict[str, Any], rc: int) -> Optional[dict[str, Any]]:

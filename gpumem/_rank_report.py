@@ -101,9 +101,10 @@ def per_rank(rows: list[dict], crashed: list[dict], oom_files: list[str], memory
         if rank is None or rank in seen:
             continue
         files = sorted(by_rank_oom.get(rank, []))
+        held = max((p.get("fatal_peaks") or {}).values(), default=None)
         out.append({"rank": rank, "device": None, "pid": p.get("pid"), "peak_allocated": None,
                     "peak_reserved": None, "num_ooms": len(files), "oom_snapshots": files,
-                    "finished": False, "fits": False if files else None})
+                    "finished": False, "fits": False if files else None, "device_peak": held})
         _ending(out[-1], outcomes.get(p.get("pid")) or {"kind": "vanished", "what": "did not "
                 "exit normally", "line": None, "time": None, "signal": None}, signalled)
     out.sort(key=lambda r: (r["rank"], r["device"] if r["device"] is not None else -1))

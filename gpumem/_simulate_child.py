@@ -40,7 +40,10 @@ Approach: each process that activated records how it ended in its
 Limitations: a script that installs its own SIGTERM handler, or enables
   faulthandler itself, keeps its own; a process killed by SIGKILL, or that
   calls os._exit(), leaves only the mark written when it started; a fatal
-  signal leaves no statistics, so the peak it reached is unknown.
+  signal leaves no statistics and no snapshot: only the most each simulated
+  device held (CUDA context included), which the fake driver writes to
+  <pid>.peaks as the process dies (csrc/sim/driver/fakecuda_fatal.c), not
+  the allocator's own peaks.
 """
 
 from __future__ import annotations

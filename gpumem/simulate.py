@@ -154,6 +154,8 @@ def _read_stats(stats_dir: str) -> list[dict]:
                 continue
             if p.get("incomplete"):
                 p["fault"] = _outcome.read_fault(os.path.join(stats_dir, f"{p.get('pid')}.fault"))
+                p["fatal_peaks"] = _outcome.read_fatal_peaks(
+                    os.path.join(stats_dir, f"{p.get('pid')}.peaks"))
             procs.append(p)
     procs.sort(key=lambda p: (p.get("snapshot") is None, p.get("rank") or 0, p.get("pid") or 0))
     return procs
@@ -285,9 +287,17 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
         else:
             why = f"the run failed with status {rc}"
         why += f": {where}" if where else ""
-        why += (f"; peak reserved before the {'stop' if verdict == 'stopped' else 'failure'} "
-                f"{format_bytes(peak)}, {100.0 * peak / memory:.1f}% of the device"
-                if peak is not None else "; no statistics, so no peak")
+        held = max((v for p, _ in failed for v in (p.get("fatal_peaks") or {}).values()),
+                   default=None)
+        when = "stop" if verdict == "stopped" else "failure"
+        if peak is not None:
+            why += (f"; peak reserved before the {when} {format_bytes(peak)}, "
+                    f"{100.0 * peak / memory:.1f}% of the device")
+        if held is not None:
+            why += (f"; before the {when} the simulated device held at most "
+                    f"{format_bytes(held)} (with the CUDA context), in the process that died")
+        elif peak is None:
+            why += "; no statistics, so no peak"
     elif unrecorded:
         fits, why = None, (f"gpumem could not be installed in {len(unrecorded)} process(es) "
                            "using torch, so their memory was not measured")
@@ -325,7 +335,9 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                f"installed ({p['install_error']})" for p in unrecorded],
             "unrecorded": len(unrecorded),
             "signal": signalled,
-            "failures": [{"pid": p.get("pid"), "rank": p.get("rank"), **o} for p, o in failed],
+            "failures": [{"pid": p.get("pid"), "rank": p.get("rank"), **o,
+                          "device_peak": max((p.get("fatal_peaks") or {}).values(), default=None)}
+                         for p, o in failed],
             "stopped": [{"pid": p.get("pid"), "rank": p.get("rank"), **o} for p, o in stopped],
             **_rank_report.per_rank(rows, crashed, oom_files, memory, context,
                                     outcomes=outcomes, signalled=signalled),
@@ -452,6 +464,7 @@ def run(args: argparse.Namespace) -> int:
         env[ENV_OUT], env[ENV_STATS] = out, stats_dir
         env[ENV_PARENT], env[ENV_ENTRIES] = str(os.getpid()), str(args.max_entries)
         env[ENV_CATEGORIES] = "1" if args.categories else "0"
+        env["GPUMEM_SIM_FATAL_PEAKS"] = os.path.join(stats_dir, "%p.peaks")
         env.setdefault("GPUMEM_OOM_SNAPSHOT", out)
         if not args.json:
             print(f"gpumem simulate: running {shlex.join(cmd)} on {devices} simulated GPU(s) "

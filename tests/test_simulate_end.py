@@ -78,6 +78,10 @@ def test_a_run_killed_by_sigsegv_failed_and_says_where(tmp_path):
     assert f["kind"] == "fatal" and f["signal"] == "SIGSEGV", f
     assert f["line"] == f"{tmp_path / 'script.py'}:{_line(script, 'END')} in <module>"
     assert "died of SIGSEGV" in report["fits_reason"]
+    # no statistics from Python; the fake driver wrote the device's peak as the process died:
+    # the 1 GiB tensor's segment and the H100's 514 MiB CUDA context
+    assert f["device_peak"] == GiB + (514 << 20)
+    assert "the simulated device held at most 1.50 GiB" in report["fits_reason"]
 
 
 TWO_RANKS = '''
