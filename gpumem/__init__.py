@@ -37,6 +37,7 @@ GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
   snapshots.view, snapshots.rank_summary, recording.recorder, checkup.doctor
   __init__ (the public names of gpumem)
   sim.child
+  sim.outcome
   sim.command
   cli
   __main__

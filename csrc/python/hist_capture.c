@@ -28,6 +28,10 @@
  *   PyGILState_Ensure (as in torch). Sub-interpreters are not supported:
  *   PyGILState_Check is unreliable once one exists.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dladdr */
+#endif
+#include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -58,6 +62,80 @@ static int may_take_gil(void) {
     return 1;
 }
 
+/* Note [gpumem's own frames]
+ * Rationale: gpumem's Python wrappers sit on the stack of the allocations
+ *   they lead to: torch.autograd.backward's wrapper in _torch.py stored the
+ *   backward context, so 16 GiB of a nanoGPT run's gradients had
+ *   `gpumem/_torch.py:358:wrapper` as their site instead of the script's
+ *   `loss.backward()` line; categories' wrappers, record()'s context
+ *   manager and simulate's import hook can be there too. An allocation's
+ *   site must be the user's code, as torch's recorder (which has no such
+ *   wrappers) shows it.
+ * Approach: a frame whose code object's file lies in gpumem's package
+ *   directory (the directory of this extension, from dladdr) is left out of
+ *   every captured stack. The decision is made once per code object, with a
+ *   string comparison, and cached in a small open-addressed table keyed by
+ *   the code object's address (which keeps a reference, so the address is
+ *   never reused); after that a frame costs one table probe.
+ * Limitations: once the table is full (HIDE_SLOTS code objects seen),
+ *   further code objects are compared by name at each capture; gpumem code
+ *   copied elsewhere, or run from a zip, is not recognised. */
+#define HIDE_SLOTS 8192 /* a power of two */
+static struct {
+    uintptr_t code;
+    int hide;
+} hide_cache[HIDE_SLOTS]; /* protected by: GIL */
+static size_t hide_used;  /* protected by: GIL */
+static PyObject *own_dir; /* "<gpumem's directory>/", or Py_None; protected by: GIL */
+
+static PyObject *own_directory(void) {
+    if (own_dir)
+        return own_dir;
+    Dl_info info;
+    const char *slash = NULL;
+    if (dladdr((void *)&gm_hist_capture, &info) && info.dli_fname)
+        slash = strrchr(info.dli_fname, '/');
+    own_dir = slash ? PyUnicode_FromStringAndSize(info.dli_fname, slash - info.dli_fname + 1)
+                    : NULL;
+    if (!own_dir) {
+        PyErr_Clear();
+        own_dir = Py_NewRef(Py_None);
+    }
+    return own_dir;
+}
+
+static int in_own_directory(PyCodeObject *co) {
+    PyObject *dir = own_directory();
+    if (dir == Py_None || !PyUnicode_Check(co->co_filename))
+        return 0;
+    Py_ssize_t r = PyUnicode_Tailmatch(co->co_filename, dir, 0, PY_SSIZE_T_MAX, -1);
+    if (r < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return (int)r;
+}
+
+/* Is co gpumem's own code? The caller holds the GIL. */
+static int hidden(PyCodeObject *co) {
+    uintptr_t key = (uintptr_t)co;
+    size_t i = (size_t)((key >> 4) * UINT64_C(0x9E3779B97F4A7C15) >> 40) & (HIDE_SLOTS - 1);
+    for (size_t probes = 0; probes < HIDE_SLOTS; probes++, i = (i + 1) & (HIDE_SLOTS - 1)) {
+        if (hide_cache[i].code == key)
+            return hide_cache[i].hide;
+        if (hide_cache[i].code == 0)
+            break;
+    }
+    int hide = in_own_directory(co);
+    if (hide_used < HIDE_SLOTS / 2 && hide_cache[i].code == 0) {
+        Py_INCREF(co);
+        hide_cache[i].code = key;
+        hide_cache[i].hide = hide;
+        hide_used++;
+    }
+    return hide;
+}
+
 /* Walk the current thread's frames, innermost first. The caller holds the
  * GIL. *buf starts as an inline buffer of *cap entries; it is replaced by a
  * heap one if the stack is deeper. Returns the number of frames, and their
@@ -85,6 +163,13 @@ static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inl
             *cap = ncap;
         }
         PyCodeObject *co = PyFrame_GetCode(f); /* new reference */
+        if (hidden(co)) { /* Note [gpumem's own frames] */
+            Py_DECREF(co);
+            PyFrameObject *back = PyFrame_GetBack(f);
+            Py_DECREF(f);
+            f = back;
+            continue;
+        }
         gm_rawframe_t *r = &(*buf)[n++];
         r->code = (uintptr_t)co;
 #if PY_VERSION_HEX >= 0x030B0000

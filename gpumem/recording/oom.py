@@ -90,11 +90,13 @@ def _has_oom_target() -> bool:
 
 
 def _python_frames() -> list[dict]:
-    """The calling thread's Python stack, innermost first, as snapshot frames."""
-    here = os.path.abspath(__file__)
+    """The calling thread's Python stack, innermost first, as snapshot frames,
+    without gpumem's own frames (Note [gpumem's own frames] in
+    csrc/python/hist_capture.c)."""
+    own = os.path.dirname(os.path.abspath(__file__)) + os.sep
     stack = traceback.StackSummary.extract(traceback.walk_stack(None), lookup_lines=False)
     return [{"filename": fs.filename, "line": fs.lineno or 0, "name": fs.name}
-            for fs in stack if os.path.abspath(fs.filename) != here]
+            for fs in stack if not os.path.abspath(fs.filename).startswith(own)]
 
 
 def _ensure_oom_event(snap: dict, device: int, sizes: tuple[int, ...], device_free: int,

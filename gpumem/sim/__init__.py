@@ -28,7 +28,9 @@ Options (also environment variables the fakes read, set by the launcher):
                     (until synchronized), after:N (after N polls)
   --log PATH|-      note every unimplemented CUDA call once (GPUMEM_SIM_LOG)
   --report PATH     write a JSON report at exit (GPUMEM_SIM_REPORT): calls made,
-                    device capacity, peak and leaks per device
+                    device capacity, peak and leaks per device; under a launcher
+                    (torchrun) the first rank's, with "processes" listing every
+                    process that used the simulated GPU (one entry per rank)
   --no-host-memory  device memory holds no data and costs no host memory
                     (GPUMEM_FAKECUDA_NO_HOST_MEMORY=1): copies to the device
                     store nothing, copies back yield zeros; every memory
@@ -45,6 +47,7 @@ The launcher's modules, bottom to top:
   torchrun     --nproc-per-node: the elastic launcher's command, the device count
   rank_report  the per-rank lines of gpumem simulate's report
   child        what runs inside each Python process of a gpumem simulate run
+  outcome      how each process of a run ended: failed, stopped, or finished
   command      gpumem simulate: run a script, report its peak, write the snapshot
   __main__     python -m gpumem.sim
 """
@@ -289,9 +292,76 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.print_usage(sys.stderr)
         print("gpumem.sim: error: no command given (put it after --)", file=sys.stderr)
         return 2
+    if args.report is not None:
+        return _run_reporting(cmd, env, env["GPUMEM_SIM_REPORT"])
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:
         print(f"gpumem.sim: error: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
     return 0  # not reached
+
+
+def _run_reporting(cmd: List[str], env: Dict[str, str], report: str) -> int:
+    """--report: run cmd (not exec: a launcher such as torchrun starts several
+    processes), each process writing its own report (GPUMEM_SIM_REPORT with
+    %p), then write one report of every process that used memory of a
+    simulated GPU (a CUDA context at least): the first such process's report (rank 0's, under a
+    launcher), with "processes" listing all of them, one per rank.
+    SIGTERM and SIGINT are passed on to cmd; the status is cmd's."""
+    import json
+    import shutil
+    import signal
+    import tempfile
+    work = tempfile.mkdtemp(prefix="gpumem-sim-report-")
+    env = dict(env, GPUMEM_SIM_REPORT=os.path.join(work, "report.%p.json"))
+    try:
+        try:
+            proc = subprocess.Popen(cmd, env=env)
+        except OSError as exc:
+            print(f"gpumem.sim: error: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
+            return 127
+
+        def forward(signo: int, frame: object) -> None:
+            try:
+                proc.send_signal(signo)
+            except OSError:
+                pass
+
+        old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            rc = proc.wait()
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+        reports = []
+        for name in os.listdir(work):
+            if name.startswith("report.") and name.endswith(".json"):
+                try:
+                    with open(os.path.join(work, name), encoding="utf-8") as f:
+                        reports.append(json.load(f))
+                except (OSError, ValueError):
+                    continue
+        used = [r for r in reports if any(
+            (d or {}).get("peak_bytes_used", 0) > 0
+            for d in ((r.get("driver") or {}).get("devices") or []))]
+        used.sort(key=lambda r: (r.get("rank") is None, r.get("rank") or 0, r.get("pid") or 0))
+        chosen = used or sorted(reports, key=lambda r: r.get("pid") or 0)[:1]
+        if chosen:
+            out = dict(chosen[0], processes=used)
+            tmp = f"{report}.{os.getpid()}.tmp"
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(out, f)
+                    f.write("\n")
+                os.replace(tmp, report)
+            except OSError as exc:
+                print(f"gpumem.sim: error: cannot write the report {report}: {exc.strerror}",
+                      file=sys.stderr)
+        return 128 - rc if rc < 0 else rc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,6 +21,29 @@ Approach: in the child, the script's calls that would stop recording
   is noted and named in the report.
 Limitations: a history the script cleared by stopping is not cleared, so a
   dump after it restarts holds the earlier events too.
+
+Note [How a process of the run ends]
+Rationale: a verdict on a run that failed must not say it fits, and must say
+  where it failed; a run stopped with SIGTERM or SIGINT must still leave its
+  snapshot.  Python runs no atexit handler on SIGTERM, and an uncaught
+  exception, sys.exit(N) or a fatal signal leave nothing behind by default.
+Approach: each process that activated records how it ended in its
+  statistics: the uncaught exception (sys.last_value, set by the interpreter
+  before atexit runs) with the innermost line of the script's own code;
+  sys.exit(N) with a non-zero N and the line that called it; a stop by
+  SIGTERM or SIGINT (a SIGTERM handler raises SystemExit, so finally blocks
+  and atexit run and the snapshot is written; after the last atexit handler
+  the process kills itself with the same signal, so its status is the
+  conventional one); and the time.  faulthandler writes the Python stack
+  of a fatal signal (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) to
+  <pid>.fault beside the statistics, for the parent to read.
+Limitations: a script that installs its own SIGTERM handler, or enables
+  faulthandler itself, keeps its own; a process killed by SIGKILL, or that
+  calls os._exit(), leaves only the mark written when it started; a fatal
+  signal leaves no statistics and no snapshot: only the most each simulated
+  device held (CUDA context included), which the fake driver writes to
+  <pid>.peaks as the process dies (csrc/sim/driver/fakecuda_fatal.c), not
+  the allocator's own peaks.
 """
 
 from __future__ import annotations
@@ -28,7 +51,9 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import sys
+import time
 from typing import Any, Optional
 
 __all__ = ["ENV_OUT", "ENV_STATS", "ENV_PARENT", "ENV_ENTRIES", "ENV_CATEGORIES"]
@@ -87,6 +112,8 @@ def _child_setup() -> None:
     """Called by the run's sitecustomize in every Python process."""
     if not os.environ.get(ENV_STATS):
         return
+    import atexit
+    atexit.register(_reraise_stop_signal)   # registered first: runs after every other handler
     if "torch" in sys.modules:
         _activate()
     else:
@@ -120,7 +147,113 @@ def _activate() -> None:
     from gpumem.recording.recorder import current_rank
     _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "rank": current_rank(),
                   "incomplete": True})
+    _watch_the_end()
     atexit.register(_child_finish)
+
+
+_stop_signal: Optional[int] = None  # SIGTERM or SIGINT that stopped this process
+_stop_time = 0.0
+_exit_call: Optional[dict] = None   # sys.exit(N) with N not 0: its code and line
+
+
+def _watch_the_end() -> None:
+    """Note [How a process of the run ends]: the SIGTERM and SIGINT handlers,
+    faulthandler, and sys.exit's wrapper."""
+    try:
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_stop_signal)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_stop_signal)
+    except ValueError:   # not the main thread
+        pass
+    try:
+        import faulthandler
+        if not faulthandler.is_enabled():
+            path = os.path.join(os.environ[ENV_STATS], f"{os.getpid()}.fault")
+            faulthandler.enable(open(path, "w", encoding="utf-8"))  # noqa: SIM115 - kept open
+    except (OSError, RuntimeError):
+        pass
+    real_exit = sys.exit
+
+    def exit(status: Any = None) -> None:  # noqa: A001 - sys.exit's name
+        global _exit_call
+        if status not in (None, 0) and _exit_call is None:
+            _exit_call = {"code": status if isinstance(status, int) else 1,
+                          "message": None if isinstance(status, int) else str(status),
+                          "line": _frame_line(sys._getframe(1)), "time": time.time()}
+        real_exit(status)
+
+    sys.exit = exit
+
+
+def _on_stop_signal(signo: int, frame: Any) -> None:
+    """SIGTERM/SIGINT: unwind the script (SystemExit or KeyboardInterrupt), so
+    that atexit writes the snapshot; a repeat within a second is ignored so
+    that it cannot interrupt the dump."""
+    global _stop_signal, _stop_time
+    now = time.monotonic()
+    if _stop_signal is not None and now - _stop_time < 1.0:
+        return
+    _stop_signal, _stop_time = signo, now
+    if signo == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signo)
+
+
+def _reraise_stop_signal() -> None:
+    """The last atexit handler: a process stopped by SIGTERM or SIGINT ends
+    with that signal, as it would have without the handler."""
+    if _stop_signal is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(_stop_signal, signal.SIG_DFL)
+        os.kill(os.getpid(), _stop_signal)
+
+
+def _own_code(filename: str) -> bool:
+    """Whether a frame's file is the script's own: not the standard library,
+    not an installed package, not gpumem."""
+    import sysconfig
+    if not filename or filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    if f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path:
+        return False
+    roots = (sysconfig.get_paths()["stdlib"], os.path.dirname(os.path.abspath(__file__)))
+    return not any(path.startswith(os.path.abspath(r) + os.sep) for r in roots)
+
+
+def _frame_line(frame: Any) -> Optional[str]:
+    """'file:line in name' of the innermost frame of the script's own code (else the innermost)."""
+    first = None
+    while frame is not None:
+        here = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        first = first or here
+        if _own_code(frame.f_code.co_filename):
+            return here
+        frame = frame.f_back
+    return first
+
+
+def _how_it_ended() -> dict[str, Any]:
+    """What ended this process other than a normal exit (Note [How a process of
+    the run ends]); {} for a normal exit."""
+    if _stop_signal is not None:
+        return {"signal": signal.Signals(_stop_signal).name, "time": time.time()}
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if isinstance(exc, BaseException) and not isinstance(exc, SystemExit):
+        frames, tb = [], exc.__traceback__
+        while tb is not None:
+            frames.append((tb.tb_frame.f_code, tb.tb_lineno))
+            tb = tb.tb_next
+        own = [f for f in frames if _own_code(f[0].co_filename)] or frames
+        line = f"{own[-1][0].co_filename}:{own[-1][1]} in {own[-1][0].co_name}" if own else None
+        return {"exception": type(exc).__qualname__,
+                "message": " ".join(str(exc).split())[:300], "line": line, "time": time.time()}
+    if _exit_call is not None:
+        return {"exit_code": _exit_call["code"], "message": _exit_call["message"],
+                "line": _exit_call["line"], "time": _exit_call["time"]}
+    return {}
 
 
 def _categories_on() -> bool:
@@ -322,4 +455,5 @@ def _child_finish() -> None:
         out["script_stops"] = _script_stops
     except Exception as e:
         out["error"] = f"{type(e).__name__}: {e}"
+    out["ended"] = _how_it_ended()
     _write_stats(out)

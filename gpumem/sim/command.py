@@ -9,7 +9,11 @@ fake CUDA libraries, device memory that costs only what is touched) with
 gpumem installed and recording in every Python process of the run, then
 prints the peak memory per device and whether it fits, writes the snapshot
 and the offline viewer page (gpumem view) into DIR, and exits with the
-command's exit status.  Settings gpumem.install() would refuse
+command's exit status.  A run that fails (a non-zero status, an uncaught
+exception, a fatal signal, a rank that vanished) or is stopped never
+"fits": the report says where it failed (gpumem/_outcome.py) and the peak
+reached before; SIGTERM or SIGINT to gpumem simulate stops the whole job
+(Note [Stopping a run]).  Settings gpumem.install() would refuse
 (GPUMEM_ALLOC_CONF, or GPUMEM_OOM_RECORDING) are refused before the command
 runs (status 2); if gpumem still cannot be installed in a process of the
 run, the report says so and the status is 2 when the command itself
@@ -32,8 +36,11 @@ Approach: a sitecustomize.py in a temporary directory is put first on
   Peaks survive torch.cuda.reset_peak_memory_stats(): the wrapper keeps the
   highest values seen before each reset.
 Limitations: ``python -S``/``-I``/``-E`` skip sitecustomize or PYTHONPATH, so
-  such a process is not recorded; a process killed by a signal or os._exit()
-  writes no snapshot or statistics (OOM snapshots are written at the error);
+  such a process is not recorded; a process killed by SIGKILL or a fatal
+  signal, or that calls os._exit(), writes no snapshot or statistics (OOM
+  snapshots are written at the error; SIGTERM and SIGINT unwind it and it
+  writes both: Note [How a process of the run ends] in
+  gpumem/sim/child.py);
   a script may replace the recording settings with its own
   (gpumem.record(...) clears the history when it starts), but its calls
   that stop recording are ignored (Note [The script's own recording] in
@@ -54,7 +61,7 @@ import tempfile
 import time
 from typing import Any, Optional
 
-from gpumem.sim import torchrun as _launch, rank_report as _rank_report
+from gpumem.sim import torchrun as _launch, rank_report as _rank_report, outcome as _outcome
 from gpumem._format import format_bytes
 from gpumem.sim.child import ENV_CATEGORIES, ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
 
@@ -161,9 +168,14 @@ def _read_stats(stats_dir: str) -> list[dict]:
         if name.endswith(".json"):
             try:
                 with open(os.path.join(stats_dir, name), encoding="utf-8") as f:
-                    procs.append(json.load(f))
+                    p = json.load(f)
             except (OSError, ValueError):
                 continue
+            if p.get("incomplete"):
+                p["fault"] = _outcome.read_fault(os.path.join(stats_dir, f"{p.get('pid')}.fault"))
+                p["fatal_peaks"] = _outcome.read_fatal_peaks(
+                    os.path.join(stats_dir, f"{p.get('pid')}.peaks"))
+            procs.append(p)
     procs.sort(key=lambda p: (p.get("snapshot") is None, p.get("rank") or 0, p.get("pid") or 0))
     return procs
 
@@ -257,10 +269,19 @@ def _equation_lines(eqs: dict[str, Any]) -> list[str]:
 
 def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs: list[dict],
             oom_files: list[str], pages: dict, seconds: float,
-            context: int = 0) -> dict[str, Any]:
+            context: int = 0, signalled: Optional[str] = None) -> dict[str, Any]:
     """context: device memory the CUDA context holds, which no allocation can
-    have: the script fits if its peak fits in memory - context."""
+    have: the script fits if its peak fits in memory - context.  signalled:
+    the signal that stopped gpumem simulate itself (SIGTERM, SIGINT), if any.
+    A run that failed (status not 0, an uncaught exception, a fatal signal,
+    a rank that vanished) or was stopped never fits: its verdict is
+    "failed" or "stopped" unless it ran out of memory ("no")."""
     missing = [p for p in procs if p.get("torch_missing")]
+    outcomes = {p.get("pid"): o for p in procs if (o := _outcome.outcome(p, rc)) is not None}
+    failed = [(p, outcomes[p.get("pid")]) for p in procs
+              if p.get("pid") in outcomes and outcomes[p.get("pid")]["kind"] != "stopped"]
+    stopped = [(p, outcomes[p.get("pid")]) for p in procs
+               if p.get("pid") in outcomes and outcomes[p.get("pid")]["kind"] == "stopped"]
     unrecorded = [p for p in procs if p.get("install_error")]
     crashed = [p for p in procs if p.get("incomplete")]
     procs = [p for p in procs if not p.get("incomplete") and not p.get("install_error")
@@ -288,6 +309,25 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                f"the OOM snapshot")
     elif ooms:
         fits, why = False, f"{ooms} allocation(s) failed with out of memory"
+    elif signalled or (rc != 0 or failed) and (rows or failed or stopped):
+        fits, verdict = None, "stopped" if signalled or (stopped and not failed) else "failed"
+        where = _outcome.failure_text(failed, stopped, signalled)
+        if signalled:
+            why = f"gpumem simulate was stopped by {signalled} after {seconds:.1f} s"
+        else:
+            why = f"the run failed with status {rc}"
+        why += f": {where}" if where else ""
+        held = max((v for p, _ in failed for v in (p.get("fatal_peaks") or {}).values()),
+                   default=None)
+        when = "stop" if verdict == "stopped" else "failure"
+        if peak is not None:
+            why += (f"; peak reserved before the {when} {format_bytes(peak)}, "
+                    f"{100.0 * peak / memory:.1f}% of the device")
+        if held is not None:
+            why += (f"; before the {when} the simulated device held at most "
+                    f"{format_bytes(held)} (with the CUDA context), in the process that died")
+        elif peak is None:
+            why += "; no statistics, so no peak"
     elif unrecorded:
         fits, why = None, (f"gpumem could not be installed in {len(unrecorded)} process(es) "
                            "using torch, so their memory was not measured")
@@ -326,7 +366,13 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
                f"installed ({p['install_error']})" for p in unrecorded],
             "unrecorded": len(unrecorded),
             "torch_missing": _torch_missing_line(missing) if missing and not rows else None,
-            **_rank_report.per_rank(rows, crashed, oom_files, memory, context),
+            "signal": signalled,
+            "failures": [{"pid": p.get("pid"), "rank": p.get("rank"), **o,
+                          "device_peak": max((p.get("fatal_peaks") or {}).values(), default=None)}
+                         for p, o in failed],
+            "stopped": [{"pid": p.get("pid"), "rank": p.get("rank"), **o} for p, o in stopped],
+            **_rank_report.per_rank(rows, crashed, oom_files, memory, context,
+                                    outcomes=outcomes, signalled=signalled),
             # what the simulation cannot tell matters only where it measured something
             "limits": LIMITS if rows or ooms else None}
 
@@ -396,8 +442,13 @@ def _print_report(r: dict[str, Any]) -> None:
                          f"reserved {format_bytes(row['peak_reserved'])}"
                          + (f", {row['num_ooms']} OOM(s)" if row["num_ooms"] else "")
                          + _since_reset(row))
-    lines.append(f"fits in {format_bytes(r['memory'], whole_units=True)}: {r['verdict']} "
-                 f"({r['fits_reason']})")
+    if r["verdict"] in ("failed", "stopped"):   # never a "yes" for a run that did not finish
+        lines.append(f"the run {r['verdict']}, so whether it fits in "
+                     f"{format_bytes(r['memory'], whole_units=True)} is not known "
+                     f"({r['fits_reason']})")
+    else:
+        lines.append(f"fits in {format_bytes(r['memory'], whole_units=True)}: {r['verdict']} "
+                     f"({r['fits_reason']})")
     for path in r["snapshots"]:
         lines.append(f"snapshot: {path}")
         page = r["views"].get(path) if isinstance(r["views"], dict) else None
@@ -473,6 +524,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         return _error(f"cannot create --out {out} ({e.strerror})")
     boot = tempfile.mkdtemp(prefix="gpumem-simulate-")
+    signalled = 0
     try:
         with open(os.path.join(boot, "sitecustomize.py"), "w", encoding="utf-8") as f:
             f.write(_SITECUSTOMIZE)
@@ -485,6 +537,7 @@ def run(args: argparse.Namespace) -> int:
         env[ENV_OUT], env[ENV_STATS] = out, stats_dir
         env[ENV_PARENT], env[ENV_ENTRIES] = str(os.getpid()), str(args.max_entries)
         env[ENV_CATEGORIES] = "1" if args.categories else "0"
+        env["GPUMEM_SIM_FATAL_PEAKS"] = os.path.join(stats_dir, "%p.peaks")
         env.setdefault("GPUMEM_OOM_SNAPSHOT", out)
         if not args.json:
             print(f"gpumem simulate: writing into {out}", file=sys.stderr, flush=True)
@@ -498,14 +551,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"gpumem: error: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
             return 127
-        try:
-            rc = proc.wait()
-        except KeyboardInterrupt:  # the child got the SIGINT too; let it finish its dumps
-            try:
-                rc = proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                rc = proc.wait()
+        rc, signalled = _wait(proc)
         seconds = time.monotonic() - start
         rc = _exit_status(rc)
         procs = _read_stats(stats_dir)
@@ -515,7 +561,8 @@ def run(args: argparse.Namespace) -> int:
         oom_files = sorted(oom_files)
         pages = {} if args.no_view else _views(procs, oom_files, out)
         report = _report(cmd, rc, memory, devices, out, procs, oom_files, pages, seconds,
-                         context=context)
+                         context=context,
+                         signalled=signalled and signal.Signals(signalled).name)
         report["gpu"] = sim_gpus.describe(model)
         if args.categories:
             report["equation"] = _equations(report["snapshots"])
@@ -534,6 +581,79 @@ def run(args: argparse.Namespace) -> int:
         return rc
     finally:
         shutil.rmtree(boot, ignore_errors=True)
+        if signalled:   # end as the signal would have ended us: the shell sees 128 + N
+            signal.signal(signalled, signal.SIG_DFL)
+            os.kill(os.getpid(), signalled)
+
+
+STOP_GRACE = 10.0   # seconds the run has to write its snapshots after SIGTERM or SIGINT
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every living process below pid (Linux's /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(0), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _wait(proc: subprocess.Popen) -> tuple[int, int]:
+    """Wait for the command; (its exit status, the stop signal or 0).
+
+    Note [Stopping a run]
+    Rationale: SIGTERM to gpumem simulate ended it at once and left the
+      script running; SIGINT to it alone waited 30 s, killed the script and
+      wrote no snapshot.
+    Approach: SIGTERM or SIGINT is passed on to the command (torchrun passes
+      it on to its ranks; each Python process of the run unwinds and writes
+      its snapshot: Note [How a process of the run ends] in
+      gpumem/sim/child.py).  A process still there STOP_GRACE seconds
+      later, or at a second signal, is killed with SIGKILL together with
+      everything it started.  The report is then written from what was
+      recorded, and gpumem simulate ends with the signal it got.
+    Limitations: a process that ignores the signal and outlives its parent
+      (a daemon that left the process tree) is not found."""
+    got: list[int] = []
+
+    def on_signal(signo: int, frame: Any) -> None:
+        got.append(signo)
+        try:
+            if len(got) == 1:
+                proc.send_signal(signo)
+        except OSError:
+            pass
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        deadline = None
+        while True:
+            try:
+                return _exit_status(proc.wait(timeout=0.2)), (got[0] if got else 0)
+            except subprocess.TimeoutExpired:
+                pass
+            if got and deadline is None:
+                deadline = time.monotonic() + STOP_GRACE
+            if deadline is not None and (time.monotonic() > deadline or len(got) > 1):
+                for pid in [proc.pid] + _descendants(proc.pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                deadline = float("inf")
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -15,7 +15,7 @@ Nothing here runs the command or prints on its own.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Optional
 
 from gpumem._format import format_bytes
 from gpumem._rank import rank_of_path
@@ -52,12 +52,27 @@ def row_fits(row: dict, memory: int, usable: int) -> bool:
     return row["peak_reserved"] <= usable
 
 
+def _ending(row: dict, o: Optional[dict], signalled: Optional[str]) -> None:
+    """The row's finished / failed / signal / stopped_by_launcher / failure fields,
+    from the process's outcome (gpumem/_outcome.py; None: it exited normally)."""
+    row["finished"] = o is None
+    row["failed"] = o is not None and o["kind"] != "stopped"
+    row["signal"] = o.get("signal") if o else None
+    row["stopped_by_launcher"] = bool(o and o["kind"] == "stopped" and not signalled)
+    row["failure"] = o and {k: o.get(k) for k in ("kind", "what", "line", "time")}
+
+
 def per_rank(rows: list[dict], crashed: list[dict], oom_files: list[str], memory: int,
-             context: int) -> dict[str, Any]:
-    """The per-rank rows, the highest rank and the OOM order (JSON-ready).
+             context: int, outcomes: Optional[dict] = None,
+             signalled: Optional[str] = None) -> dict[str, Any]:
+    """The per-rank rows, the highest rank, the OOM order and the rank that
+    failed first (JSON-ready).
 
     rows: the report's per_device rows; crashed: the statistics of processes
-    that did not exit normally (with their rank when they had one)."""
+    that did not exit normally (with their rank when they had one); outcomes:
+    pid -> how that process ended when not normally; signalled: the signal
+    gpumem simulate itself got."""
+    outcomes = outcomes or {}
     usable = max(memory - context, 0)
     by_rank_oom: dict[int, list[str]] = {}
     for f in oom_files:
@@ -76,15 +91,22 @@ def per_rank(rows: list[dict], crashed: list[dict], oom_files: list[str], memory
                     "oom_snapshots": files, "finished": True,
                     "device_peak": row.get("device_peak"),
                     "fits": ooms == 0 and row_fits(row, memory, usable)})
+        o = outcomes.get(row["pid"])
+        _ending(out[-1], o, signalled)
+        if o is not None and ooms == 0:
+            out[-1]["fits"] = None
     seen = {r["rank"] for r in out}
     for p in crashed:
         rank = p.get("rank")
         if rank is None or rank in seen:
             continue
         files = sorted(by_rank_oom.get(rank, []))
+        held = max((p.get("fatal_peaks") or {}).values(), default=None)
         out.append({"rank": rank, "device": None, "pid": p.get("pid"), "peak_allocated": None,
                     "peak_reserved": None, "num_ooms": len(files), "oom_snapshots": files,
-                    "finished": False, "fits": False if files else None})
+                    "finished": False, "fits": False if files else None, "device_peak": held})
+        _ending(out[-1], outcomes.get(p.get("pid")) or {"kind": "vanished", "what": "did not "
+                "exit normally", "line": None, "time": None, "signal": None}, signalled)
     out.sort(key=lambda r: (r["rank"], r["device"] if r["device"] is not None else -1))
     if not out:
         return {"per_rank": [], "highest_ranks": [], "oom_order": []}
@@ -95,8 +117,10 @@ def per_rank(rows: list[dict], crashed: list[dict], oom_files: list[str], memory
     for rank, files in by_rank_oom.items():
         first[rank] = min(_oom_time(f) for f in files)
     order = [{"rank": rank, "time": t} for rank, t in sorted(first.items(), key=lambda kv: kv[1])]
+    failed = [r for r in out if r["failed"]]
+    failed.sort(key=lambda r: (r["failure"]["time"] is None, r["failure"]["time"] or 0))
     return {"per_rank": out, "highest_ranks": highest, "usable_memory": usable,
-            "oom_order": order}
+            "oom_order": order, "failed_first": failed[0]["rank"] if failed else None}
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -104,6 +128,22 @@ def _ranks_text(ranks: list[int]) -> str:
     if len(words) == 1:
         return f"rank {words[0]}"
     return "ranks " + ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _fits_text(row: dict, failed_first: Optional[int]) -> str:
+    """The fits column: yes, no (why), or unknown and how the rank ended."""
+    f = row.get("failure")
+    if row["num_ooms"]:
+        return (f"no ({row['num_ooms']} OOM(s))" if row["finished"] or row["device"] is not None
+                else "no (ran out of memory, then did not exit normally)")
+    if f and f.get("kind") != "vanished":
+        how = "stopped by the launcher" if row.get("stopped_by_launcher") else f["what"]
+        return (f"unknown: {how}" + (f" at {f['line']}" if f.get("line") else "")
+                + (" (the first to fail)" if row["rank"] == failed_first else ""))
+    if not row["finished"]:
+        return ("unknown (did not finish: the launcher stops every rank when one fails; or it "
+                "was killed, crashed or called os._exit)")
+    return "yes" if row["fits"] else "no (peak too high)"
 
 
 def rank_lines(r: dict[str, Any]) -> list[str]:
@@ -118,17 +158,12 @@ def rank_lines(r: dict[str, Any]) -> list[str]:
              f"  {'rank':>4}  {'device':>6}  {'peak allocated':>14}  {'peak reserved':>13}  "
              f"{'device peak':>11}  fits"]
     for row in rows:
-        if not row["finished"]:
-            fits = ("no (ran out of memory, then did not exit normally)" if row["fits"] is False
-                    else "unknown (did not finish: the launcher stops every rank when one "
-                    "fails; or it was killed, crashed or called os._exit)")
-            lines.append(f"  {row['rank']:>4}  {'-':>6}  {'-':>14}  {'-':>13}  {'-':>11}  {fits}")
-            continue
-        dev = fb(row["device_peak"]) if row.get("device_peak") is not None else "-"
-        fits = "yes" if row["fits"] else (
-            f"no ({row['num_ooms']} OOM(s))" if row["num_ooms"] else "no (peak too high)")
-        lines.append(f"  {row['rank']:>4}  {row['device']:>6}  {fb(row['peak_allocated']):>14}  "
-                     f"{fb(row['peak_reserved']):>13}  {dev:>11}  {fits}")
+        def cell(v: Any) -> str:
+            return "-" if v is None else fb(v)
+        dev = "-" if row["device"] is None else str(row["device"])
+        lines.append(f"  {row['rank']:>4}  {dev:>6}  {cell(row['peak_allocated']):>14}  "
+                     f"{cell(row['peak_reserved']):>13}  {cell(row.get('device_peak')):>11}  "
+                     f"{_fits_text(row, r.get('failed_first'))}")
     high = r.get("highest_ranks") or []
     measured = {row["rank"] for row in rows if row["peak_reserved"] is not None}
     if high and len(measured) > 1:

@@ -15,7 +15,9 @@
  *
  * With GPUMEM_SIM_REPORT=PATH the same object is written to PATH when the
  * process exits (atomically; only by the process that loaded the library,
- * not by forked children).
+ * not by forked children). A "%p" in PATH stands for the process id, so
+ * that every process of a launcher's job writes its own report
+ * (python -m gpumem.sim --report gathers them); "rank" is $RANK, or null.
  */
 #include "rt_internal.h"
 
@@ -49,6 +51,13 @@ SIM_API int gpumem_sim_cudart_report_json(char *buf, size_t len)
     sim_sb_t sb = {0};
     sim_sb_printf(&sb, "{\"version\": 1, \"library\": \"%s\", \"pid\": %ld, ", sim_table.soname,
                   (long)getpid());
+    const char *rank = getenv("RANK");
+    char *end = NULL;
+    long r = rank && *rank ? strtol(rank, &end, 10) : -1;
+    if (end && *end == '\0' && r >= 0)
+        sim_sb_printf(&sb, "\"rank\": %ld, ", r);
+    else
+        sim_sb_printf(&sb, "\"rank\": null, ");
     sim_report_calls(&sb);
     sim_sb_printf(&sb, ", ");
     rt_launch_report(&sb);
@@ -79,6 +88,12 @@ __attribute__((destructor)) static void rt_report_exit(void)
         return;
     gpumem_sim_cudart_report_json(buf, (size_t)n + 1);
     buf[n] = '\n';
-    sim_write_file_atomic(path, buf, (size_t)n + 1);
+    const char *pp = strstr(path, "%p");
+    size_t plen = strlen(path);
+    char *own = pp ? malloc(plen + 24) : NULL;
+    if (own)   /* "%p": this process's id (the first one only) */
+        snprintf(own, plen + 24, "%.*s%ld%s", (int)(pp - path), path, load_pid, pp + 2);
+    sim_write_file_atomic(own ? own : path, buf, (size_t)n + 1);
+    free(own);
     free(buf);
 }

@@ -368,6 +368,7 @@ static CUresult run_node_unlocked(const struct CUgraphNode_st *n, CUstream h, st
     fc_event_t *e;
     switch (n->type) {
     case FC_NODE_KERNEL:
+        fc_spin_kernel_unlocked(); /* Note [Reads that wait on kernels] */
         fc_tl_enqueue_unlocked(sctx, key, fc_tl_kernel_ns(n->u.cycles));
         break;
     case FC_NODE_MEMCPY:

@@ -417,6 +417,13 @@ int fc_mem_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
 void fc_move_unlocked(uint64_t dst, uint64_t src, size_t n);
 void fc_fill_unlocked(uint64_t dst, unsigned int value, size_t elem, size_t n);
 
+/* fakecuda_spin.c (Note [Reads that wait on kernels]): a kernel launched
+ * (or replayed); a device range written by a copy or memset; the data of a
+ * copy moved (a small read back may then be replaced with zeros). */
+void fc_spin_kernel_unlocked(void);
+void fc_spin_write_unlocked(uint64_t dst, size_t n);
+void fc_spin_moved_unlocked(uint64_t dst, uint64_t src, size_t n);
+
 /* fakecuda_event.c: one poll of an event (a query: 1 when complete, which
  * may complete it), and "recorded and not complete" without polling. */
 int fc_event_poll_unlocked(fc_event_t *e);

@@ -65,10 +65,8 @@ static int on_device_unlocked(uint64_t p)
     return fc_lookup_device_ptr_unlocked(p, &base, &size, &dev);
 }
 
-void fc_move_unlocked(uint64_t dst, uint64_t src, size_t n)
+static void move_data(uint64_t dst, uint64_t src, size_t n)
 {
-    if (n == 0)
-        return;
     if (!fc.no_host_memory || n <= FC_NOHOST_KEEP) {
         memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
         return;
@@ -81,8 +79,17 @@ void fc_move_unlocked(uint64_t dst, uint64_t src, size_t n)
         memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
 }
 
+void fc_move_unlocked(uint64_t dst, uint64_t src, size_t n)
+{
+    if (n == 0)
+        return;
+    move_data(dst, src, n);
+    fc_spin_moved_unlocked(dst, src, n); /* Note [Reads that wait on kernels] */
+}
+
 void fc_fill_unlocked(uint64_t dst, unsigned int value, size_t elem, size_t n)
 {
+    fc_spin_write_unlocked(dst, n * elem);
     /* a memset's destination is always device memory */
     if (fc.no_host_memory && n * elem > FC_NOHOST_KEEP)
         return;

@@ -160,8 +160,10 @@ FC_API CUresult fakecuda_launch(CUstream hStream, long long cycles)
         (res = fc_resolve_stream_unlocked(hStream, c, &key, &sctx)) == CUDA_SUCCESS) {
         struct CUgraphNode_st proto = {.type = FC_NODE_KERNEL, .u.cycles = cycles};
         res = fc_cap_work_unlocked(sctx, key, &proto, &captured);
-        if (res == CUDA_SUCCESS && !captured)
+        if (res == CUDA_SUCCESS && !captured) {
+            fc_spin_kernel_unlocked(); /* Note [Reads that wait on kernels] */
             fc_tl_enqueue_unlocked(sctx, key, fc_tl_kernel_ns(cycles));
+        }
     }
     fc_unlock();
     return res;

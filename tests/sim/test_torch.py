@@ -305,6 +305,40 @@ def test_launcher_runs_a_command_and_writes_a_report(tmp_path):
     assert rep["calls"]["cudaMalloc"] == 1
 
 
+@needs_torch
+@pytest.mark.slow
+def test_launcher_report_of_a_torchrun_job_has_every_rank(tmp_path):
+    """Before, each process wrote the same file and the launcher's (no device
+    used, exiting last) was what remained."""
+    import socket
+    sim_lib_dir()
+    report_path = tmp_path / "report.json"
+    (tmp_path / "rank.py").write_text(
+        "import os, torch\nr = int(os.environ['RANK'])\n"
+        "torch.cuda.set_device(r)\nx = torch.empty((3 + r) << 20, dtype=torch.uint8, "
+        "device='cuda')\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "gpumem.sim", "--devices", "2", "--memory",
+                           "1GiB", "--report", str(report_path), "--", sys.executable, "-m",
+                           "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(port), str(tmp_path / "rank.py")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = json.loads(report_path.read_text())
+    procs = rep["processes"]
+    assert [p["rank"] for p in procs] == [0, 1] and rep["rank"] == 0
+    assert all(p["driver"]["initialized"] for p in procs)
+    # each rank's 20 MiB segment on its own device, beside the H100's 514 MiB context
+    for p in procs:
+        devs = p["driver"]["devices"]
+        r = p["rank"]
+        assert devs[r]["peak_bytes_used"] == (20 << 20) + (514 << 20), (r, devs)
+        assert devs[1 - r]["peak_bytes_used"] == 0
+    assert not list(tmp_path.glob("report.json.*"))   # no temporary file left
+
+
 @pytest.mark.slow
 def test_launcher_errors_and_exit_status(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "gpumem.sim", "--memory", "lots", "--", "true"],

@@ -1,0 +1,193 @@
+"""How a ``gpumem simulate`` run ends (issue 30, issue 34 item 5): a run that
+raised, died of a signal, called sys.exit(N) or lost a rank never "fits";
+the report says where it failed and the peak reached before; SIGTERM and
+SIGINT to gpumem simulate stop the whole job within seconds, leave the
+snapshot and end with the signal.  Compare: before, a crashed run printed
+"fits in 95 GiB: yes" and summary.json had every rank "finished": true."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from sim_helpers import needs_torch, sim_lib_dir
+from torch_helpers import _env, built_shim
+
+GiB = 1 << 30
+
+ALLOC = 'import os, signal, sys, time, torch\nx = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")\n'
+
+
+def _line(script: str, marker: str) -> int:
+    return next(i for i, line in enumerate(script.splitlines(), 1) if marker in line)
+
+
+def _simulate(tmp_path, script, *args, expect_rc):
+    sim_lib_dir()
+    built_shim()
+    (tmp_path / "script.py").write_text(script)
+    cmd = ([str(tmp_path / "script.py")] if "--nproc-per-node" in args
+           else [sys.executable, str(tmp_path / "script.py")])
+    proc = subprocess.run([sys.executable, "-m", "gpumem.sim.command", "--out", str(tmp_path / "out"),
+                           "--no-view", *args, "--", *cmd], capture_output=True, text=True,
+                          cwd=tmp_path, env=_env(), timeout=300)
+    assert proc.returncode == expect_rc, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc, json.loads((tmp_path / "out" / "summary.json").read_text())
+
+
+def _failed_not_fits(proc, report, memory="80 GiB"):
+    assert report["verdict"] == "failed" and report["fits"] is None, report["fits_reason"]
+    assert f"fits in {memory}: yes" not in proc.stdout
+    assert f"the run failed, so whether it fits in {memory} is not known" in proc.stdout
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["raise", "sys.exit"])
+def test_a_run_that_raises_or_exits_non_zero_after_allocating_failed(tmp_path, how):
+    end = ('raise RuntimeError("boom after allocating")  # END' if how == "raise"
+           else "sys.exit(3)  # END")
+    script = ALLOC + end + "\n"
+    proc, report = _simulate(tmp_path, script, expect_rc=1 if how == "raise" else 3)
+    _failed_not_fits(proc, report)
+    (f,) = report["failures"]
+    assert f["line"].startswith(f"{tmp_path / 'script.py'}:{_line(script, 'END')} "), f
+    assert f["kind"] == ("exception" if how == "raise" else "exit")
+    assert f["what"] == ("raised RuntimeError: boom after allocating" if how == "raise"
+                         else "called sys.exit(3)")
+    # the peak reached before the failure, and the snapshot of what was recorded
+    assert report["per_device"][0]["peak_reserved"] == GiB
+    assert "peak reserved before the failure 1.00 GiB" in report["fits_reason"]
+    assert report["snapshots"] == [str(tmp_path / "out" / "snapshot.pickle")]
+
+
+@needs_torch
+@pytest.mark.slow
+def test_a_run_killed_by_sigsegv_failed_and_says_where(tmp_path):
+    script = ALLOC + "os.kill(os.getpid(), signal.SIGSEGV)  # END\n"
+    proc, report = _simulate(tmp_path, script, expect_rc=128 + signal.SIGSEGV)
+    _failed_not_fits(proc, report)
+    (f,) = report["failures"]
+    assert f["kind"] == "fatal" and f["signal"] == "SIGSEGV", f
+    assert f["line"] == f"{tmp_path / 'script.py'}:{_line(script, 'END')} in <module>"
+    assert "died of SIGSEGV" in report["fits_reason"]
+    # no statistics from Python; the fake driver wrote the device's peak as the process died:
+    # the 1 GiB tensor's segment and the H100's 514 MiB CUDA context
+    assert f["device_peak"] == GiB + (514 << 20)
+    assert "the simulated device held at most 1.50 GiB" in report["fits_reason"]
+
+
+TWO_RANKS = '''
+import os, time, torch
+local = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local)
+x = torch.empty((1 + local) << 28, dtype=torch.uint8, device="cuda")
+if local == 1:
+    raise ValueError("rank one gives up")   # END
+time.sleep(120)   # rank 0 waits: the launcher stops it
+'''
+
+
+@needs_torch
+@pytest.mark.slow
+def test_one_of_two_ranks_failing_is_named_and_the_other_was_stopped(tmp_path):
+    start = time.monotonic()
+    proc, report = _simulate(tmp_path, TWO_RANKS, "--nproc-per-node", "2", expect_rc=1)
+    assert time.monotonic() - start < 100   # not rank 0's 120 s sleep
+    _failed_not_fits(proc, report)
+    rows = {r["rank"]: r for r in report["per_rank"]}
+    assert report["failed_first"] == 1
+    assert rows[1]["failed"] and not rows[1]["finished"] and rows[1]["fits"] is None
+    assert rows[1]["failure"]["what"] == "raised ValueError: rank one gives up"
+    assert rows[1]["failure"]["line"].endswith(f"script.py:{_line(TWO_RANKS, 'END')} in <module>")
+    assert rows[1]["peak_reserved"] == 2 << 28
+    assert rows[0]["stopped_by_launcher"] and rows[0]["signal"] == "SIGTERM"
+    assert not rows[0]["failed"] and not rows[0]["finished"] and rows[0]["peak_reserved"] == 1 << 28
+    line1 = next(x for x in proc.stdout.splitlines() if x.split()[:2] == ["1", "1"])
+    line0 = next(x for x in proc.stdout.splitlines() if x.split()[:2] == ["0", "0"])
+    assert "raised ValueError: rank one gives up" in line1 and "(the first to fail)" in line1
+    assert "stopped by the launcher" in line0
+    assert "rank 1 raised ValueError" in report["fits_reason"]
+    assert [f["rank"] for f in report["failures"]] == [1]   # not torchrun's ChildFailedError
+    assert os.path.exists(tmp_path / "out" / "snapshot_rank0.pickle")
+
+
+SLEEPER = ALLOC + 'print("ready", os.getpid(), flush=True)\ntime.sleep(120)\n'
+RANK_SLEEPER = """
+import os, time, torch
+local = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local)
+x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+print("ready", os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+
+def _stop(tmp_path, signo, script, *args):
+    """Run script under simulate, send signo to simulate alone once every
+    process printed "ready"; (simulate's status, stdout, the script's pids, seconds
+    from the signal to simulate's end)."""
+    sim_lib_dir()
+    built_shim()
+    (tmp_path / "script.py").write_text(script)
+    cmd = ([str(tmp_path / "script.py")] if args else [sys.executable, str(tmp_path / "script.py")])
+    proc = subprocess.Popen([sys.executable, "-m", "gpumem.sim.command", "--out",
+                             str(tmp_path / "out"), "--no-view", *args, "--", *cmd],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=_env())
+    try:
+        pids = []
+        while len(pids) < (2 if args else 1):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.poll() is not None else "no output"
+            if line.startswith("ready "):
+                pids.append(int(line.split()[1]))
+        sent = time.monotonic()
+        proc.send_signal(signo)   # to simulate alone, not to its process group
+        out, err = proc.communicate(timeout=20)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signo, (proc.returncode, out[-2000:], err[-2000:])
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    return out, took
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.parametrize("signo", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_simulate_stops_the_job_and_keeps_the_snapshot(tmp_path, signo):
+    """Before: SIGTERM ended simulate at once and left the script running;
+    SIGINT to simulate alone waited 30 s, killed the script, wrote no snapshot."""
+    out, took = _stop(tmp_path, signo, SLEEPER)
+    assert took < 20
+    report = json.loads((tmp_path / "out" / "summary.json").read_text())
+    name = signal.Signals(signo).name
+    assert report["verdict"] == "stopped" and report["signal"] == name
+    assert report["exit_status"] == 128 + signo
+    assert os.path.getsize(tmp_path / "out" / "snapshot.pickle") > 0
+    assert report["per_device"][0]["peak_reserved"] == GiB
+    assert f"gpumem simulate was stopped by {name}" in out
+
+
+@needs_torch
+@pytest.mark.slow
+def test_sigterm_to_simulate_stops_every_rank_and_keeps_their_snapshots(tmp_path):
+    out, took = _stop(tmp_path, signal.SIGTERM, RANK_SLEEPER, "--nproc-per-node", "2")
+    assert took < 20
+    report = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert report["verdict"] == "stopped" and report["failures"] == []
+    rows = {r["rank"]: r for r in report["per_rank"]}
+    for r in (0, 1):
+        assert rows[r]["signal"] == "SIGTERM" and rows[r]["peak_reserved"] == GiB
+        assert os.path.getsize(tmp_path / "out" / f"snapshot_rank{r}.pickle") > 0
