@@ -163,6 +163,7 @@ def reused_gradient_blocks(snap):
 '''
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_transformer_adamw_categories_on_the_simulated_gpu():
     r = run_gm(REUSE + LOOP, prelude=TRANSFORMER)
     pb = r["param_bytes"]
@@ -274,6 +275,7 @@ with open("pb.json", "w") as f:
 '''
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @pytest.mark.parametrize("categories", [True, False])
 def test_simulate_reports_the_estimation_equation(tmp_path, categories):
     import json
@@ -322,6 +324,7 @@ def test_a_failing_hook_does_not_stop_training(caplog):
     assert len(caplog.records) == 1
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_record_with_categories_writes_the_table_and_restores_the_settings(tmp_path):
     r = run_gm(f'''
 import pickle
@@ -394,6 +397,7 @@ emit({"end": cr.breakdown(m, cats, m.n_events - 1), "peak": cr.breakdown(m, cats
         r["pb"] + r["bb"] + r["pb"] + r["end"]["input"] + r["end"]["unknown"])
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_a_few_python_calls_per_step():
     """The cost design (Note [Categories at a few calls per step]): per step
     one forward-start call, one backward entry and exit, one step pre and
@@ -430,6 +434,7 @@ emit({"calls": calls, "inner": inner, "armed": armed,
     assert r["inner"] == [0, 0, 0, 0] and r["armed"] == 1
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_torch_compile_traces_with_categories_on():
     """No saved-tensors hooks and no per-module hooks: torch.compile captures
     the model in one graph, without graph breaks, and the categories hold."""

@@ -101,6 +101,7 @@ def settings(expandable):
     return "{'expandable_segments': %s}" % bool(expandable)
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @pytest.mark.parametrize("expandable", [False, True])
 def test_allocations_are_real_device_memory(fake_libcuda, expandable):
     res, _ = run_child(fake_libcuda, """

@@ -67,6 +67,7 @@ def test_without_a_gpu_it_says_so_and_exits_3():
             "findings", "verdict"} <= set(rep)
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @needs_torch
 def test_under_gpumem_simulate_the_self_test_passes(tmp_path):
     proc = doctor(sim=True, out=str(tmp_path / "out"))
@@ -188,6 +189,7 @@ def test_a_disagreement_with_cumemgetinfo_fails_the_step():
                                         "still shows 2.00 MiB more in use than at the start"}
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @needs_torch
 def test_the_fake_driver_is_not_taken_for_a_gpu():
     """GPUMEM_LIBCUDA naming gpumem's fake driver, without the simulator:

@@ -34,6 +34,7 @@ def test_without_a_gpu_every_test_is_skipped_with_the_reason():
                            in l for l in reasons), reasons
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_the_fake_driver_alone_is_not_a_gpu():
     env = no_driver_env()
     env["GPUMEM_LIBCUDA"] = str(sim_lib_dir() / "libcuda.so.1")

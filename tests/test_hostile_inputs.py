@@ -83,6 +83,7 @@ def check_all(cases, jobs):
     assert not report, f"{len(report)} problems:\n" + "\n".join(report[:60])
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_every_hostile_input_through_every_command(inputs, tmp_path):
     d, hostile = inputs
     good = str(d / "valid.pickle")

@@ -402,7 +402,9 @@ def test_c_replay_reports_ooms_on_a_small_device():
 
 @needs_real
 @pytest.mark.parametrize("conf", CONFS, ids=["default", "expandable"])
-@pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
+# The fast tier replays the first real snapshot; the full tier every one.
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if i else [])
+                                  for i, p in enumerate(REAL)])
 def test_c_replay_real_snapshots(path, conf):
     _c_module()
     snap = load_snapshot(path)

@@ -193,6 +193,7 @@ def test_module_has_what_cli_needs():
     assert callable(simulate.run) and simulate.HELP
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_a_script_that_turns_recording_off_still_gets_a_full_snapshot(tmp_path):
     """Five of the six seed articles end with _record_memory_history(enabled=None)."""
     built_shim()
@@ -217,6 +218,7 @@ def test_a_script_that_turns_recording_off_still_gets_a_full_snapshot(tmp_path):
     assert '"n_events":' in page and "This snapshot is empty" not in page
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_a_recovered_oom_is_not_a_plain_no_and_its_snapshot_is_named_once(tmp_path):
     built_shim()
     proc = run_simulate(tmp_path, '''

@@ -54,6 +54,7 @@ def test_install_twice_and_patches_reverse():
     assert o["allocated"] > 0
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_memory_functions_refuse_a_device_that_does_not_exist():
     """Issue 16.12: memory_stats(7) on a one-device run gave zeros; torch
     raises "Invalid device argument", and so does gpumem now."""
@@ -78,6 +79,7 @@ def test_memory_functions_refuse_a_device_that_does_not_exist():
     assert o["ok"] == o["current"] == 512
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_install_after_a_cuda_tensor_exists():
     o = run_gm('''
         x = torch.ones(4, device="cuda")
@@ -354,6 +356,7 @@ def test_the_preview_leaves_torchs_keys_to_torch():
             check_environment(env)
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @needs_torch
 def test_torch_knows_every_key_the_preview_leaves_to_it():
     """TORCH_ONLY_KEYS is torch's own list: its parser takes each of them."""

@@ -147,6 +147,7 @@ def _dynsyms(lib: Path, *flags: str) -> set[str]:
     return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_exports_exactly_the_driver_subset(lib):
     defined = _dynsyms(lib, "--defined-only")
     assert defined == EXPECTED_CU | CONTROL_FUNCS

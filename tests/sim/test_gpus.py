@@ -48,6 +48,7 @@ def test_every_preset_names_a_distinct_device():
     assert sim_gpus.MODELS["H100-SXM-80GB"]["memory"] == 80 << 30
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @needs_torch
 def test_the_default_device_is_the_h100_preset():
     """Without --gpu the fake driver's own properties are the preset's."""
@@ -63,6 +64,7 @@ def test_each_preset_reaches_torch(key):
     assert out == expected(sim_gpus.MODELS[key])
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @needs_torch
 def test_the_reduction_staging_buffer_follows_the_model():
     """torch sizes a full reduction's grid by SMs x threads per SM, and

@@ -155,6 +155,7 @@ emit({"grew": grew, "first": d[:4].tolist(), "small": small.tolist()[:3],
 '''
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @needs_torch
 def test_filling_2gib_from_the_host_costs_no_host_memory():
     off = run_sim(TORCH_RSS, env=OFF)
@@ -191,6 +192,7 @@ emit(marks)
 '''
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @needs_torch
 def test_memory_figures_of_a_training_step_are_unchanged():
     off = run_sim(STEP, env=OFF)
@@ -222,6 +224,7 @@ emit({"grew": rss_mib() - before, "captured": captured, "small": small_dst.tolis
 '''
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @needs_torch
 def test_graph_replays_follow_the_rule():
     off = run_sim(GRAPH, env=OFF)
@@ -252,6 +255,7 @@ emit({"nbytes": nbytes, "after_to_empty": after, "device": str(next(model.parame
 '''
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 @needs_torch
 def test_a_meta_model_materialised_with_to_empty():
     out = run_sim(META, env=ON)
