@@ -522,13 +522,13 @@ void tdev_set_failure(tdev_t *d, int fn, long nth, int code, size_t fail_above) 
 }
 
 int tdev_capture_begin(tdev_t *d, uintptr_t stream) {
-    if (d->kind == TDEV_SIM)
+    if (d->kind == TDEV_VDEV)
         return 0;
     return fake.cuStreamBeginCapture_v2((void *)stream, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */);
 }
 
 int tdev_capture_end(tdev_t *d, uintptr_t stream) {
-    if (d->kind == TDEV_SIM)
+    if (d->kind == TDEV_VDEV)
         return 0;
     void *graph = NULL;
     int r = fake.cuStreamEndCapture((void *)stream, &graph);

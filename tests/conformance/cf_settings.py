@@ -6,7 +6,7 @@ and the errors for bad strings."""
 import contextlib
 
 from harness import (MiB, differs, empty, fraction, gpumem, raises, set_settings, settings,
-                     settle, stat, torch_mod)
+                     settings_in_force, settle, stat, torch_mod)
 
 MEMORY = "8GiB"
 NBYTES = 84 * MiB      # 21 Mi floats: between 64 and 128 MiB
@@ -187,3 +187,23 @@ def check_max_split_size_stat_after_a_change():
         got = stat("max_split_size")
         # torch fixes the stat when the device's allocator is created
         assert got == (40 * MiB if gpumem() else -1), got
+
+
+@differs("settings-check")
+def check_a_negative_max_split_size_is_refused_not_applied_as_no_limit():
+    # torch's parser reads -5 through std::stoull as 2**64 - 5 and applies no
+    # limit; gpumem's one settings check refuses it in one line, before
+    # torch's parser applies anything.
+    before = settings_in_force()
+    if gpumem():
+        e = raises(ValueError, lambda: set_settings("max_split_size_mb:-5"),
+                   match="max_split_size_mb")
+        assert "\n" not in str(e), str(e)
+        assert settings_in_force() == before
+    else:
+        try:
+            set_settings("max_split_size_mb:-5")
+            assert stat("max_split_size") == -1 or stat("max_split_size") > (1 << 50), \
+                stat("max_split_size")
+        finally:
+            set_settings(before)
