@@ -98,7 +98,10 @@ EXPECTED_CU = {
 VARIANTS = ["cuda_h", "fallback"]
 
 
-@pytest.fixture(params=VARIANTS)
+# The fast tier builds the driver once, against gpumem's own declarations;
+# the full tier also against NVIDIA's cuda.h.
+@pytest.fixture(params=[pytest.param(v, marks=[pytest.mark.slow] if v == "cuda_h" else [])
+                        for v in VARIANTS])
 def lib(request, fakecuda) -> Path:
     return fakecuda(request.param)
 

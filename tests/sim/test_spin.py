@@ -26,13 +26,15 @@ emit({"seconds": time.monotonic() - t})
 
 
 @needs_torch
-@pytest.mark.parametrize("install", [False, True], ids=["torch", "gpumem"])
+@pytest.mark.parametrize("install", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["torch", "gpumem"])
 def test_trunc_normal_finishes_under_both_allocators(install):
     out = run_gm(TRUNC_NORMAL, install=install, timeout=120)
     assert out["seconds"] < 30
 
 
 @needs_torch
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_values_copied_to_the_device_still_read_back_and_a_spin_reads_zeros():
     out = run_gm('''
         x = torch.tensor([7], dtype=torch.int64).cuda()
