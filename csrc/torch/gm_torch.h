@@ -32,6 +32,8 @@
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include "gm_torch_compat.h"
+
 #include <atomic>
 #include <functional>
 #include <mutex>
@@ -83,32 +85,81 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
   void enable(bool value) override;
   bool isEnabled() const override;
+#if GM_TORCH_MEMPOOL_API
   void emptyCache(c10::cuda::MempoolId_t mempool_id = {0, 0}) override;
+#else
+  void emptyCache() override { emptyCache(c10::cuda::MempoolId_t{0, 0}); }
+  void emptyCache(c10::cuda::MempoolId_t mempool_id);
+#endif
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override;
   void* getBaseAllocation(void* ptr, size_t* size) override;
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
+  /* snapshot's and recordHistory's arguments grew over the releases; the
+   * versions with fewer arguments call the full ones. */
+#if GM_TORCH_HISTORY_SKIP_ACTIONS
   cca::SnapshotInfo snapshot(c10::cuda::MempoolId_t mempool, bool include_traces) override;
+#elif GM_TORCH_MEMPOOL_API
+  cca::SnapshotInfo snapshot(c10::cuda::MempoolId_t mempool) override { return snapshot(mempool, true); }
+#else
+  cca::SnapshotInfo snapshot() override { return snapshot({0, 0}, true); }
+#endif
+#if !GM_TORCH_HISTORY_SKIP_ACTIONS
+  cca::SnapshotInfo snapshot(c10::cuda::MempoolId_t mempool, bool include_traces);
+#endif
   bool isHistoryEnabled() override;
+#if GM_TORCH_HISTORY_SKIP_ACTIONS
   void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
                      size_t alloc_trace_max_entries, cca::RecordContext when, bool clearHistory,
                      const std::vector<std::string>& skip_actions) override;
+#else
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, cca::RecordContext when, bool clearHistory,
+                     const std::vector<std::string>& skip_actions);
+#if GM_TORCH_HISTORY_CLEAR
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, cca::RecordContext when,
+                     bool clearHistory) override {
+    recordHistory(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory, {});
+  }
+#else
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, cca::RecordContext when) override {
+    recordHistory(enabled, context_recorder, alloc_trace_max_entries, when, false, {});
+  }
+#endif
+#endif
+#if GM_TORCH_ANNOTATE_MEMORY
   bool supportsUserMetadata() override { return true; }
+  void annotateMemory(const void* ptr, const std::string& metadata) override;
+#endif
+#if GM_TORCH_USER_METADATA
   void setUserMetadata(const std::string& metadata) override;
   std::string getUserMetadata() override;
-  void annotateMemory(const void* ptr, const std::string& metadata) override;
+#endif
   void beginAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
   void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
   int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
+#if GM_TORCH_POOL_SHARED_ALLOCATOR
   void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
                           std::shared_ptr<cca::CUDAAllocator> allocator) override;
   void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
                    bool use_on_oom) override;
+#elif GM_TORCH_MEMPOOL_API
+  void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
+                          cca::CUDAAllocator* allocator) override;
+  void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
+#else
+  void ensureExistsAndIncrefPool(c10::DeviceIndex device,
+                                 c10::cuda::MempoolId_t mempool_id) override;
+#endif
+#if GM_TORCH_POOL_NO_SPLIT
   void setNoSplit(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id) override;
+#endif
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::cuda::MempoolId_t mempool_id,
                                 const std::unordered_set<void*>& expected_live_allocations) override;
   std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
@@ -116,7 +167,9 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                               std::shared_ptr<cca::AllocatorState> pps) override;
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
+#if GM_TORCH_OOM_REJECTION
   void attachOomRejectionObserver(cca::OomRejectionObserver observer) override;
+#endif
   std::string name() override;
 
   /* How many devices torch announced through init() (0 before). */
@@ -168,9 +221,16 @@ bool caching_forced_off();
 /* One line per entry of a settings string whose key gpumem does not honour
  * (`source` names where the string came from). */
 std::vector<std::string> ignored_entries(const std::string& text, const std::string& source);
+/* The settings string torch parsed last, and a new one for torch to parse
+ * (c10's setAllocatorSettings of the release). */
+std::string torch_settings_text();
+void set_torch_settings_text(const std::string& text);
 /* Route torch's later settings changes (_set_allocator_settings, the
- * accelerator setter) to the allocator too; once. */
-void follow_torch_settings();
+ * accelerator setter) to the allocator too; once. False where torch has no
+ * hook for it (before 2.9): then the caller of torch's setter calls
+ * settings_changed() after it. */
+bool follow_torch_settings();
+void settings_changed(const std::string& text);
 
 /* ---- history (gm_torch_history.cpp) ---- */
 /* Record record_function ranges (Note [Annotations]) while recording: of

@@ -371,7 +371,9 @@ std::vector<cca::OutOfMemoryObserver> GpumemAllocator::oom_observers() {
   return oom_observers_;
 }
 
+#if GM_TORCH_OOM_REJECTION
 void GpumemAllocator::attachOomRejectionObserver(cca::OomRejectionObserver) {}
+#endif
 
 std::string GpumemAllocator::name() { return "gpumem"; }
 

@@ -12,7 +12,11 @@
  *   follow_torch_settings() wraps c10's device-config parser hook, which
  *   every setter ends in (torch.cuda.memory._set_allocator_settings,
  *   torch._C._accelerator_setAllocatorSettings, C++ callers), and hands the
- *   new values to every core (GpumemAllocator::apply_settings).
+ *   new values to every core (GpumemAllocator::apply_settings). torch 2.9
+ *   and 2.10 have no getter for that hook: gpumem's replaces it and calls
+ *   CUDAAllocatorConfig's parser itself, as the hook it replaces did.
+ *   Before 2.9 there is no hook: gpumem.install() wraps torch's Python
+ *   setter, which then calls settings_changed().
  *   GPUMEM_ALLOC_CONF, when set, is given to the same parser at install
  *   (gm_torch_module.cpp, configure): it overrides the torch variables.
  *   Keys gpumem does not honour are named, one line each
@@ -31,7 +35,9 @@
 
 #include "gm_torch.h"
 
+#if GM_TORCH_ACCEL_CONFIG
 #include <c10/core/AllocatorConfig.h>
+#endif
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/util/Exception.h>
 
@@ -43,16 +49,24 @@
 
 namespace gpumem {
 
-namespace ac = c10::CachingAllocator;
 using CudaConfig = c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig;
+#if GM_TORCH_ACCEL_CONFIG
+namespace ac = c10::CachingAllocator;
+using Config = ac::AcceleratorAllocatorConfig; /* the generic keys */
+#else
+using Config = CudaConfig; /* every key */
+#endif
 
 gm_settings_t torch_settings() {
   /* CUDAAllocatorConfig first: its first use parses the CUDA-only keys of
    * the environment (and checks them); the generic ones parse on their own. */
   (void)CudaConfig::instance();
-  using Config = ac::AcceleratorAllocatorConfig;
   gm_settings_t s;
+#if GM_TORCH_ACCEL_CONFIG
   s.expandable_segments = Config::use_expandable_segments() ? 1 : 0;
+#else
+  s.expandable_segments = Config::expandable_segments() ? 1 : 0;
+#endif
   /* torch clamps max_split_size_mb to SIZE_MAX / 1 MiB; gpumem's settings
    * dict (and gpumem._conf's parser) hold at most (2**43 - 1) MiB, whose bytes
    * fit in 63 bits. Every larger value is "no limit" for any device, so it is
@@ -74,7 +88,29 @@ gm_settings_t torch_settings() {
   return s;
 }
 
-double torch_memory_fraction() { return CudaConfig::per_process_memory_fraction(); }
+double torch_memory_fraction() {
+#if GM_TORCH_FRACTION_SETTING
+  return CudaConfig::per_process_memory_fraction();
+#else
+  return 1.0; /* not a setting yet: only set_per_process_memory_fraction sets it */
+#endif
+}
+
+std::string torch_settings_text() {
+#if GM_TORCH_ACCEL_CONFIG
+  return ac::getAllocatorSettings();
+#else
+  return CudaConfig::last_allocator_settings();
+#endif
+}
+
+void set_torch_settings_text(const std::string& text) {
+#if GM_TORCH_ACCEL_CONFIG
+  ac::setAllocatorSettings(text);
+#else
+  c10::cuda::CUDACachingAllocator::setAllocatorSettings(text);
+#endif
+}
 
 bool caching_forced_off() { return std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr; }
 
@@ -175,20 +211,40 @@ std::vector<std::string> ignored_entries(const std::string& text, const std::str
   return lines;
 }
 
-void follow_torch_settings() {
+bool follow_torch_settings() {
+#if GM_TORCH_ACCEL_CONFIG
   static std::once_flag once;
   std::call_once(once, []() {
+#if GM_TORCH_CONFIG_HOOK_GETTER
     std::function<void(const std::string&)>& hook =
         ac::AcceleratorAllocatorConfig::getConfigParserHook();
     std::function<void(const std::string&)> previous = hook;
-    hook = [previous](const std::string& env) {
+#else
+    /* The hook cannot be read: torch's is CUDAAllocatorConfig's parseArgs
+     * (REGISTER_ALLOCATOR_CONFIG_PARSE_HOOK), which this one calls itself. */
+    std::function<void(const std::string&)> previous = [](const std::string& env) {
+      CudaConfig::instance().parseArgs(env);
+    };
+#endif
+    std::function<void(const std::string&)> ours = [previous](const std::string& env) {
       bool dropped = false;
       std::string rest = without_backend(env, &dropped);
       if (previous)
         previous(dropped ? rest : env);
       on_settings_string(env);
     };
+#if GM_TORCH_CONFIG_HOOK_GETTER
+    hook = std::move(ours);
+#else
+    ac::AcceleratorAllocatorConfig::registerDeviceConfigParserHook(std::move(ours), {});
+#endif
   });
+  return true;
+#else
+  return false; /* no hook: gpumem.install() wraps torch's setter (settings_changed) */
+#endif
 }
+
+void settings_changed(const std::string& text) { on_settings_string(text); }
 
 }  // namespace gpumem

@@ -98,7 +98,7 @@ int copy_segment(void* arg, const gm_segment_info_t* seg) {
   s.requested_size = seg->requested_size;
   s.allocated_size = seg->allocated_size;
   s.active_size = seg->active_size;
-  s.stream = reinterpret_cast<void*>(seg->stream);
+  s.stream = reinterpret_cast<decltype(s.stream)>(seg->stream); /* void* from 2.13 */
   s.is_large = !seg->is_small;
   s.is_expandable = seg->is_expandable != 0;
   s.owner_private_pool_id = {seg->pool_id.first, seg->pool_id.second};
@@ -131,16 +131,27 @@ cca::SnapshotInfo GpumemAllocator::snapshot(c10::cuda::MempoolId_t mempool, bool
   info.config_metadata.garbage_collection_threshold = s.garbage_collection_threshold;
   info.config_metadata.max_split_size = s.max_split_size;
   info.config_metadata.expandable_segments = s.expandable_segments != 0;
-  info.config_metadata.last_allocator_settings = c10::CachingAllocator::getAllocatorSettings();
+  info.config_metadata.last_allocator_settings = torch_settings_text();
   for (uint32_t d : s.roundup_power2_divisions)
     info.config_metadata.roundup_power2_divisions.push_back(d);
   return info;
 }
 
+#if GM_TORCH_USER_METADATA
 void GpumemAllocator::setUserMetadata(const std::string& metadata) {
   g_hist->set_thread_metadata(g_hist->intern_string(metadata.data(), metadata.size()));
 }
 
+std::string GpumemAllocator::getUserMetadata() {
+  const char* s = "";
+  size_t len = 0;
+  if (g_hist->string_view(g_hist->thread_metadata(), &s, &len))
+    return "";
+  return std::string(s, len);
+}
+#endif
+
+#if GM_TORCH_ANNOTATE_MEMORY
 void GpumemAllocator::annotateMemory(const void* ptr, const std::string& metadata) {
   /* The event carries the annotation as its user_metadata: the thread's
    * metadata is swapped for it around the event (it is thread-local). */
@@ -154,14 +165,7 @@ void GpumemAllocator::annotateMemory(const void* ptr, const std::string& metadat
   }
   g_hist->set_thread_metadata(previous);
 }
-
-std::string GpumemAllocator::getUserMetadata() {
-  const char* s = "";
-  size_t len = 0;
-  if (g_hist->string_view(g_hist->thread_metadata(), &s, &len))
-    return "";
-  return std::string(s, len);
-}
+#endif
 
 /*
  * Note [Annotations]

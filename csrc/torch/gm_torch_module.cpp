@@ -16,7 +16,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#if GM_TORCH_PINNED_THRESHOLDS
 #include <c10/core/AllocatorConfig.h>
+#endif
 #include <c10/cuda/CUDAAllocatorConfig.h>
 
 #include "gm_torch.h"
@@ -167,16 +169,19 @@ py::object settings_dict(const gm_settings_t& s) {
 /* torch's settings, after applying `override_conf` (GPUMEM_ALLOC_CONF) as a
  * complete replacement of the torch variables' device settings. */
 py::dict torch_settings(py::object override_conf) {
-  namespace ac = c10::CachingAllocator;
   try {
     gpumem::torch_settings(); /* torch parses its variables now: their errors first */
     if (!override_conf.is_none()) {
-      ac::setAllocatorSettings("expandable_segments:False,per_process_memory_fraction:1.0");
-      ac::setAllocatorSettings(override_conf.cast<std::string>());
+#if GM_TORCH_FRACTION_SETTING
+      gpumem::set_torch_settings_text("expandable_segments:False,per_process_memory_fraction:1.0");
+#else
+      gpumem::set_torch_settings_text("expandable_segments:False");
+#endif
+      gpumem::set_torch_settings_text(override_conf.cast<std::string>());
     }
     py::dict out;
     out["settings"] = settings_dict(gpumem::torch_settings());
-    out["conf"] = ac::getAllocatorSettings();
+    out["conf"] = gpumem::torch_settings_text();
     out["fraction"] = gpumem::torch_memory_fraction();
     out["caching"] = !gpumem::caching_forced_off();
     return out;
@@ -190,21 +195,25 @@ py::dict torch_settings(py::object override_conf) {
 /* torch's allocator_settings snapshot dict (torch/csrc/cuda/Module.cpp's keys
  * and order), for the settings gpumem runs with. */
 py::dict allocator_settings() {
-  namespace ac = c10::CachingAllocator;
   using Cuda = c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig;
   gm_settings_t s = need_instance().settings();
   auto as_i64 = [](size_t v) { return v == SIZE_MAX ? int64_t(-1) : static_cast<int64_t>(v); };
   py::dict d;
-  d["PYTORCH_CUDA_ALLOC_CONF"] = ac::getAllocatorSettings();
+  d["PYTORCH_CUDA_ALLOC_CONF"] = gpumem::torch_settings_text();
   d["max_split_size"] = as_i64(s.max_split_size);
   d["garbage_collection_threshold"] = s.garbage_collection_threshold;
   d["expandable_segments"] = s.expandable_segments != 0;
   d["pinned_num_register_threads"] = static_cast<int64_t>(Cuda::pinned_num_register_threads());
   d["release_lock_on_cudamalloc"] = Cuda::release_lock_on_cudamalloc();
   d["pinned_use_cuda_host_register"] = Cuda::pinned_use_cuda_host_register();
+#if GM_TORCH_RECORD_STREAM_REUSE
   d["graph_capture_record_stream_reuse"] = Cuda::graph_capture_record_stream_reuse();
-  d["max_round_threshold"] = as_i64(ac::AcceleratorAllocatorConfig::pinned_max_round_threshold());
-  d["max_cached_size"] = as_i64(ac::AcceleratorAllocatorConfig::pinned_max_cached_size());
+#endif
+#if GM_TORCH_PINNED_THRESHOLDS
+  using Accel = c10::CachingAllocator::AcceleratorAllocatorConfig;
+  d["max_round_threshold"] = as_i64(Accel::pinned_max_round_threshold());
+  d["max_cached_size"] = as_i64(Accel::pinned_max_cached_size());
+#endif
   py::dict roundup;
   for (int i = 0; i < GM_ROUNDUP_INTERVALS; i++)
     roundup[py::str(std::to_string(1u << i))] = static_cast<int64_t>(s.roundup_power2_divisions[i]);
@@ -258,13 +267,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           throw py::error_already_set();
         std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> a =
             gpumem::create_instance(s);
-        gpumem::follow_torch_settings();
         return a;
       },
       py::arg("settings") = py::none(),
       "Create (once) gpumem's torch allocator; returns it as torch._C._cuda_CUDAAllocator. "
       "Settings of a second call are ignored: the first allocator stays.");
 
+  m.def("follow_torch_settings", &gpumem::follow_torch_settings,
+        "Route torch's later settings strings to the allocator (once); False where this torch "
+        "has no hook for it: then call settings_changed(text) after torch's setter.");
+  m.def("settings_changed", &gpumem::settings_changed, py::arg("text"),
+        "torch parsed a new settings string `text`: warn about its ignored keys and apply it.");
   m.def("torch_settings", &torch_settings, py::arg("override_conf") = py::none(),
         "{'settings': gpumem's settings dict, 'conf': the string torch parsed last, "
         "'fraction': per_process_memory_fraction, 'caching': False under "

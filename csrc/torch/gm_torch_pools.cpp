@@ -106,27 +106,56 @@ int GpumemAllocator::getPoolUseCount(c10::DeviceIndex device, c10::cuda::Mempool
   return n;
 }
 
-void GpumemAllocator::createOrIncrefPool(c10::DeviceIndex device,
-                                         c10::cuda::MempoolId_t mempool_id,
-                                         std::shared_ptr<cca::CUDAAllocator> allocator) {
-  TORCH_CHECK(!allocator,
+namespace {
+
+void create_or_incref(gm_alloc_t* a, c10::cuda::MempoolId_t mempool_id, bool own_allocator) {
+  TORCH_CHECK(!own_allocator,
               "gpumem does not support a MemPool with an allocator of its own; create "
               "torch.cuda.MemPool() without one (its memory then comes from gpumem)");
-  gm_alloc_t* a = core(device);
   int rc = g_core->pool_create_or_incref(a, core_id(mempool_id));
   TORCH_CHECK(rc == GM_OK, "gpumem: createOrIncrefPool(", id_text(mempool_id), ") failed: ",
               rc == GM_ESTATE ? "the pool was already released" : g_core->strerror(rc));
 }
 
-void GpumemAllocator::setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t, bool use_on_oom) {
-  /* MemPool's destructor turns it off for every pool: that must not throw */
-  TORCH_CHECK(!use_on_oom,
-              "gpumem does not support MemPool(use_on_oom=True); create the pool without it");
+const char kNoUseOnOom[] =
+    "gpumem does not support MemPool(use_on_oom=True); create the pool without it";
+
+}  // namespace
+
+#if GM_TORCH_POOL_SHARED_ALLOCATOR
+void GpumemAllocator::createOrIncrefPool(c10::DeviceIndex device,
+                                         c10::cuda::MempoolId_t mempool_id,
+                                         std::shared_ptr<cca::CUDAAllocator> allocator) {
+  create_or_incref(core(device), mempool_id, allocator != nullptr);
 }
 
+void GpumemAllocator::setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t, bool use_on_oom) {
+  /* MemPool's destructor turns it off for every pool: that must not throw */
+  TORCH_CHECK(!use_on_oom, kNoUseOnOom);
+}
+#elif GM_TORCH_MEMPOOL_API
+void GpumemAllocator::createOrIncrefPool(c10::DeviceIndex device,
+                                         c10::cuda::MempoolId_t mempool_id,
+                                         cca::CUDAAllocator* allocator) {
+  create_or_incref(core(device), mempool_id, allocator != nullptr);
+}
+
+/* Called only for MemPool(use_on_oom=True) in these releases. */
+void GpumemAllocator::setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t) {
+  TORCH_CHECK(false, kNoUseOnOom);
+}
+#else
+void GpumemAllocator::ensureExistsAndIncrefPool(c10::DeviceIndex device,
+                                                c10::cuda::MempoolId_t mempool_id) {
+  create_or_incref(core(device), mempool_id, false);
+}
+#endif
+
+#if GM_TORCH_POOL_NO_SPLIT
 void GpumemAllocator::setNoSplit(c10::DeviceIndex, c10::cuda::MempoolId_t) {
   TORCH_CHECK(false, "gpumem does not support MemPool(no_split=True); create the pool without it");
 }
+#endif
 
 namespace {
 

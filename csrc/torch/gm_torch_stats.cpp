@@ -83,7 +83,7 @@ c10::CachingDeviceAllocator::DeviceStats GpumemAllocator::getDeviceStats(
     size_t ms = settings().max_split_size;
     st.max_split_size = ms == SIZE_MAX ? -1 : static_cast<int64_t>(ms);
   }
-  auto conv = [](c10::CachingAllocator::Stat& dst, const gm_stat_t& src) {
+  auto conv = [](auto& dst, const gm_stat_t& src) { /* c10::CachingDeviceAllocator::Stat before 2.9 */
     dst.current = src.current;
     dst.peak = src.peak;
     dst.allocated = src.allocated;
@@ -108,7 +108,9 @@ c10::CachingDeviceAllocator::DeviceStats GpumemAllocator::getDeviceStats(
   out.num_sync_all_streams = st.num_sync_all_streams;
   out.num_device_alloc = st.num_device_alloc;
   out.num_device_free = st.num_device_free;
+#if GM_TORCH_OOM_REJECTION
   out.num_oom_rejections = 0;
+#endif
   out.max_split_size = st.max_split_size;
   return out;
 }

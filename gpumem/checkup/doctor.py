@@ -134,6 +134,11 @@ def _torch_facts(found: _Findings, facts: dict, drv_probe: dict) -> Any:
         found.add("warn", "torch", f"{torch.__version__} is not a CUDA build: gpumem.install() "
                   "needs one")
         return None
+    try:
+        _shim_build.check_torch_release(torch.__version__)
+    except _shim_build.ShimBuildError as e:
+        found.add("fail", "torch", str(e))  # one line; the shim checks would only repeat it
+        return None
     found.add("ok", "torch", f"{torch.__version__}, CUDA {cuda} build")
     drv_v = drv_probe["version"]
     if drv_v is not None and drv_v < int(cuda.split(".")[0]) * 1000:

@@ -207,6 +207,24 @@ def _wrap(torch, allocator):
     return GpumemCUDAAllocator(allocator)
 
 
+def _follow_settings_setter(torch, mod) -> None:
+    """torch releases before 2.9 have no hook that a new allocator settings
+    string passes through: their setter is wrapped instead, so that
+    torch.cuda.memory._set_allocator_settings reaches gpumem as it reaches
+    torch's allocator (the allocator stays wrapped: it is never uninstalled)."""
+    name = "_cuda_cudaCachingAllocator_set_allocator_settings"
+    setter = getattr(torch._C, name, None)
+    if setter is None:
+        return
+
+    @functools.wraps(setter)
+    def set_allocator_settings(env):
+        setter(env)
+        mod.settings_changed(env)
+
+    setattr(torch._C, name, set_allocator_settings)
+
+
 def install(device: Any = None, patch_torch: bool = True) -> None:
     """Make gpumem's allocator PyTorch's CUDA allocator (call before any CUDA tensor).
 
@@ -239,6 +257,8 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
                 if torch.cuda.is_initialized():
                     raise _not_initialised_error()
                 wrapped = _wrap(torch, mod.create(settings))
+                if not mod.follow_torch_settings():
+                    _follow_settings_setter(torch, mod)
                 try:
                     torch.cuda.memory.change_current_allocator(wrapped)
                 except RuntimeError as e:

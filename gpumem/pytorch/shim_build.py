@@ -22,10 +22,12 @@ ones that wait then find the finished build and load it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -37,14 +39,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["ShimBuildError", "MODULE_NAME", "cache_dir", "expected_info", "check", "build",
+__all__ = ["ShimBuildError", "MODULE_NAME", "SUPPORTED_TORCH", "check_torch_release", "cache_dir", "expected_info", "check", "build",
            "load", "source_dir", "missing_prerequisite", "prerequisites", "CLI_COMMAND"]
 
 MODULE_NAME = "gpumem_torch_shim"
 _INFO_FILE = MODULE_NAME + ".json"
 #: Bumped when the build recipe below changes in a way the sources do not show.
-_RECIPE = 1
-_SOURCES = ("torch/gm_torch.h", "torch/gm_torch_alloc.cpp", "torch/gm_torch_config.cpp",
+_RECIPE = 2
+_SOURCES = ("torch/gm_torch.h", "torch/gm_torch_compat.h", "torch/gm_torch_alloc.cpp", "torch/gm_torch_config.cpp",
             "torch/gm_torch_history.cpp", "torch/gm_torch_module.cpp", "torch/gm_torch_oom.cpp",
             "torch/gm_torch_pools.cpp", "torch/gm_torch_stats.cpp")
 _HEADERS = ("python/core_api.h", "history/hist.h", "core/gm_alloc.h", "base/errors.h", "base/format.h",
@@ -56,8 +58,33 @@ _MUST_MATCH = (("torch_version", "torch version"), ("torch_git", "torch git revi
                ("sources_sha256", "shim sources"))
 
 
+#: The torch releases (major, minor) the shim is written for, oldest and
+#: newest: csrc/torch/gm_torch_compat.h names where their interfaces differ.
+SUPPORTED_TORCH = ((2, 6), (2, 14))
+
+
 class ShimBuildError(RuntimeError):
     """The torch shim cannot be built or loaded; the message says why and what to do."""
+
+
+def _supported_text() -> str:
+    (a, b), (c, d) = SUPPORTED_TORCH
+    return f"{a}.{b} to {c}.{d}"
+
+
+def check_torch_release(version: str) -> None:
+    """Raise ShimBuildError (one line: what was found, what is supported,
+    what to do) unless torch ``version`` is a release gpumem supports."""
+    import re
+    m = re.match(r"(\d+)\.(\d+)", str(version))
+    found = (int(m.group(1)), int(m.group(2))) if m else None
+    if found is not None and SUPPORTED_TORCH[0] <= found <= SUPPORTED_TORCH[1]:
+        return
+    (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_TORCH
+    raise ShimBuildError(
+        f"gpumem supports torch {_supported_text()}, and this is torch {version}: install a "
+        f"supported release (pip install 'torch>={lo_major}.{lo_minor},<{hi_major}.{hi_minor + 1}')"
+        + (", or a gpumem that supports this one" if found and found > SUPPORTED_TORCH[1] else ""))
 
 
 def source_dir() -> Path:
@@ -81,6 +108,7 @@ def _torch():
     except ImportError as e:
         raise ShimBuildError(f"gpumem's torch shim needs PyTorch, which cannot be imported ({e}); "
                              "install torch with CUDA support first") from None
+    check_torch_release(torch.__version__)
     return torch
 
 
@@ -181,7 +209,9 @@ def _cpp_extension():
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        from torch.utils import cpp_extension
+        # torch before 2.8 prints it instead ("No CUDA runtime is found").
+        with contextlib.redirect_stderr(io.StringIO()):
+            from torch.utils import cpp_extension
     finally:
         log.setLevel(level)
     return cpp_extension
@@ -243,11 +273,19 @@ def _compile(d: Path, info: dict[str, Any], verbose: bool):
     print(f"gpumem: building its torch shim for torch {torch.__version__} (once per torch "
           f"version, about 10 s) into {d} (GPUMEM_CACHE_DIR moves the cache)",
           file=sys.stderr, flush=True)
+    # One translation unit that includes every source: torch's and pybind11's
+    # headers, most of the work, are compiled once instead of once per file
+    # (less than half the CPU time of separate files).
+    unity = d / (MODULE_NAME + "_all.cpp")
+    unity.write_text("".join(f'#include "{src / s}"\n' for s in _SOURCES if s.endswith(".cpp")))
     try:
         module = cpp_extension.load(
             name=MODULE_NAME,
-            sources=[str(src / s) for s in _SOURCES if s.endswith(".cpp")],
+            sources=[str(unity)],
             extra_cflags=["-O2", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
+                          # as torch's CUDA builds are compiled: before 2.9,
+                          # CUDAAllocatorConfig::expandable_segments() is false without it
+                          "-DPYTORCH_C10_DRIVER_API_SUPPORTED",
                           # ninja runs the command through sh: quote for it.
                           "-DGM_TORCH_VERSION='\"" + torch.__version__.replace("'", "") + "\"'"],
             extra_include_paths=[_cuda_include()],
@@ -257,13 +295,29 @@ def _compile(d: Path, info: dict[str, Any], verbose: bool):
             verbose=verbose,
         )
     except (RuntimeError, OSError, ImportError) as e:
-        raise ShimBuildError(f"building gpumem's torch shim in {d} failed: {e}") from e
+        raise ShimBuildError(_failed_build(d, torch.__version__, str(e))) from e
     record = dict(info)
     record.update(built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   build_seconds=round(time.monotonic() - t0, 1),
                   compiler=os.environ.get("CXX", "c++"))
     _write_json(d / _INFO_FILE, record)
     return module
+
+
+def _failed_build(d: Path, version: str, output: str) -> str:
+    """Keep a failed build's full output in d/build.log; the one line saying so
+    (with the compiler's first error, when there is one)."""
+    log = d / "build.log"
+    try:
+        log.write_text(output + "\n")
+        where = f"the full log is in {log}"
+    except OSError as e:
+        where = f"its log could not be written to {log} ({e.strerror})"
+    first = next((line.strip() for line in output.splitlines() if "error:" in line), "")
+    if len(first) > 200:
+        first = first[:197] + "..."
+    return (f"building gpumem's torch shim for torch {version} failed"
+            + (f" ({first})" if first else "") + f"; {where}")
 
 
 def prerequisites() -> list[tuple[str, bool, str]]:

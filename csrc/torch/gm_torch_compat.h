@@ -1,0 +1,63 @@
+/*
+ * gm_torch_compat.h - the torch releases the shim builds against, and where
+ * their allocator interfaces differ.
+ *
+ * gpumem supports torch 2.6 to 2.14 (gpumem/pytorch/shim_build.py refuses others
+ * before compiling). The shim is compiled against the installed torch's
+ * headers, so each difference is one named GM_TORCH_* switch, set here from
+ * torch/version.h and tested where the interface is used; code that is the
+ * same in every release has no switch. Each switch names the first release
+ * that has the interface (read from that release's headers:
+ * c10/cuda/CUDACachingAllocator.h, c10/core/CachingDeviceAllocator.h,
+ * c10/core/AllocatorConfig.h, c10/cuda/CUDAAllocatorConfig.h).
+ * The switches were read from the headers of 2.6.0, 2.7.1, 2.8.0, 2.9.1,
+ * 2.10.0, 2.11.0, 2.12.1, 2.13.0 and 2.14.1, and the shim compiles against
+ * each (built and loaded on 2.6.0, 2.10.0 and 2.14.1).
+ * Where a release lacks an interface, gpumem does what that release's own
+ * allocator does (it has no such call, so nothing is routed to gpumem).
+ * Must not: include anything of gpumem's.
+ */
+#pragma once
+
+#include <torch/version.h>
+
+#define GM_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||     \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+/* c10/core/AllocatorConfig.h: the device-generic AcceleratorAllocatorConfig
+ * parses the common keys, with c10::CachingAllocator::setAllocatorSettings /
+ * getAllocatorSettings; before, CUDAAllocatorConfig parsed every key. */
+#define GM_TORCH_ACCEL_CONFIG GM_TORCH_AT_LEAST(2, 9)
+/* How torch's CUDA parser is chained after the generic one: a public hook
+ * getter (getConfigParserHook) from 2.11, before that only
+ * registerDeviceConfigParserHook (which replaces the hook). */
+#define GM_TORCH_CONFIG_HOOK_GETTER GM_TORCH_AT_LEAST(2, 11)
+/* per_process_memory_fraction as an allocator setting. */
+#define GM_TORCH_FRACTION_SETTING GM_TORCH_AT_LEAST(2, 10)
+
+/* MemPool through the allocator: createOrIncrefPool, setUseOnOOM,
+ * setNoSplit, emptyCache(pool), snapshot(pool); before,
+ * ensureExistsAndIncrefPool and the argument-less emptyCache / snapshot. */
+#define GM_TORCH_MEMPOOL_API GM_TORCH_AT_LEAST(2, 8)
+/* createOrIncrefPool takes the pool's allocator as a shared_ptr and
+ * setUseOnOOM takes the flag (before: a raw pointer, and no flag). */
+#define GM_TORCH_POOL_SHARED_ALLOCATOR GM_TORCH_AT_LEAST(2, 11)
+/* setNoSplit on a MemPool. */
+#define GM_TORCH_POOL_NO_SPLIT GM_TORCH_AT_LEAST(2, 10)
+
+/* recordHistory's clearHistory. */
+#define GM_TORCH_HISTORY_CLEAR GM_TORCH_AT_LEAST(2, 8)
+/* set/getUserMetadata (torch.cuda.memory._set_memory_metadata). */
+#define GM_TORCH_USER_METADATA GM_TORCH_AT_LEAST(2, 10)
+/* recordHistory's skip_actions and snapshot's include_traces. */
+#define GM_TORCH_HISTORY_SKIP_ACTIONS GM_TORCH_AT_LEAST(2, 11)
+/* supportsUserMetadata and annotateMemory. */
+#define GM_TORCH_ANNOTATE_MEMORY GM_TORCH_AT_LEAST(2, 14)
+
+/* attachOomRejectionObserver and DeviceStats::num_oom_rejections. */
+#define GM_TORCH_OOM_REJECTION GM_TORCH_AT_LEAST(2, 12)
+
+/* Keys of the allocator_settings dict torch's snapshot carries. */
+#define GM_TORCH_RECORD_STREAM_REUSE GM_TORCH_AT_LEAST(2, 9)
+#define GM_TORCH_PINNED_THRESHOLDS GM_TORCH_AT_LEAST(2, 13)
