@@ -484,7 +484,7 @@ def test_simulate_categories_survive_the_scripts_own_record(tmp_path, args):
     categories=False is obeyed, with one warning naming the line."""
     import json
     from test_simulate import run_simulate
-    from test_torch_common import built_shim
+    from torch_helpers import built_shim
     built_shim()
     script = SIM_RECORD_SCRIPT.replace("ARGS", args)
     proc = run_simulate(tmp_path, script, "--categories", "--no-view")

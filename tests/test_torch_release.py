@@ -14,7 +14,7 @@ import stat
 import pytest
 
 from gpumem.pytorch import shim_build as _shim_build
-from test_torch_common import last_json, run_py
+from torch_helpers import last_json, run_py
 
 
 @pytest.mark.parametrize("version", ["2.6.0", "2.6.0+cu124", "2.7.1", "2.10.0+cu128",
