@@ -127,7 +127,7 @@ def test_allocations_are_real_device_memory(fake_libcuda, expandable):
     assert res["reserved"] == res["used"]
 
 
-@pytest.mark.parametrize("expandable", [False, True])
+@pytest.mark.parametrize("expandable", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_empty_cache_returns_everything_to_the_driver(fake_libcuda, expandable):
     res, _ = run_child(fake_libcuda, """
         a = _C.Allocator(backend='cuda', settings=%s)

@@ -91,6 +91,7 @@ def test_build_follows_sources_and_flags(tmp_path):
         build.build(out, ext_dir=src)
 
 
+@pytest.mark.slow  # fast tier: one test of this kind is enough (README, Test)
 def test_two_processes_building_at_once(tmp_path):
     out = tmp_path / "out"
     script = textwrap.dedent("""
