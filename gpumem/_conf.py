@@ -201,14 +201,18 @@ def _parse_expandable(t: _Tokens) -> bool:
         return True
     if v == "False":
         return False
-    raise _bad("expandable_segments", v, "accepted values are True and False")
+    raise _bad("expandable_segments", v, "Expected 'True' or 'False' (accepted values are True "
+               "and False)")
 
 
 def _parse_max_split(t: _Tokens) -> int:
     t.expect(":", "max_split_size_mb", _MS_FORM)
     v = t.value("max_split_size_mb", _MS_FORM)
     n = parse_uint(v, _MAX_U64)
-    if n is None or n < _MIN_SPLIT_MB:
+    if n is not None and n < _MIN_SPLIT_MB:   # torch's own refusal, in its words
+        raise _bad("max_split_size_mb", _short(v),
+                   f"max_split_size_mb too small, must be >= {_MIN_SPLIT_MB}")
+    if n is None:
         raise _bad("max_split_size_mb", _short(v),
                    f"it must be an integer number of MiB, at least {_MIN_SPLIT_MB} and below "
                    f"2**64, in ASCII digits without a sign (2**43 or more means no limit)")
@@ -234,8 +238,10 @@ def _parse_gc(t: _Tokens) -> float:
     v = t.value("garbage_collection_threshold", _GC_FORM)
     f = parse_decimal(v)
     if f is None or not 0.0 < f < 1.0:
+        # torch's own refusal of a number out of range, in its words, then what it takes
+        words = "garbage_collect_threshold is invalid: " if f is not None else ""
         raise _bad("garbage_collection_threshold", _short(v),
-                   "it must be a decimal number greater than 0 and less than 1 (such as 0.6; "
+                   words + "it must be a decimal number greater than 0 and less than 1 (such as 0.6; "
                    "at least 2.2250738585072014e-308, the smallest torch's parser reads)")
     return f
 
@@ -321,7 +327,9 @@ def _check_torch_value(t: _Tokens, key: str, kind: str) -> None:
     else:
         ok = v in words
     if not ok:
-        raise _bad(key, _short(v), f"it must be {takes}")
+        # torch's words for a fraction out of range come first (what its parser says)
+        words = f"{key} is invalid: " if kind == "fraction" else ""
+        raise _bad(key, _short(v), f"{words}it must be {takes}")
 
 
 _PARSERS = {
@@ -358,7 +366,8 @@ def parse_conf(text: str | None) -> dict:
         elif key in TORCH_ONLY_KEYS:
             _check_torch_value(t, key, TORCH_ONLY_KEYS[key])
         else:
-            raise ConfError(f"unknown allocator setting '{_short(key)}'; gpumem implements "
+            raise ConfError(f"unknown allocator setting '{_short(key)}' (torch: \"Unrecognized key "
+                            f"'{_short(key)}'\"); gpumem implements "
                             f"{_ACCEPTED}, and leaves torch's other keys (such as "
                             f"per_process_memory_fraction) to torch")
         nxt = t.take()

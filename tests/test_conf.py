@@ -189,8 +189,9 @@ def test_roundup_bad(text, fragment):
 def test_unknown_key(key):
     with pytest.raises(ConfError) as ei:
         parse_conf(f"expandable_segments:True,{key}:1")
-    assert str(ei.value).startswith(f"unknown allocator setting '{key}'; gpumem implements "
-                                    f"{ACCEPTED}, and leaves torch's other keys")
+    assert str(ei.value).startswith(f"unknown allocator setting '{key}' (torch: \"Unrecognized "
+                                    f"key '{key}'\"); gpumem implements {ACCEPTED}, and leaves "
+                                    f"torch's other keys")
 
 
 def test_torchs_other_keys_are_checked_and_left_to_torch():

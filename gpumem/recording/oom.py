@@ -93,7 +93,7 @@ def _python_frames() -> list[dict]:
     """The calling thread's Python stack, innermost first, as snapshot frames,
     without gpumem's own frames (Note [gpumem's own frames] in
     csrc/python/hist_capture.c)."""
-    own = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # gpumem/
     stack = traceback.StackSummary.extract(traceback.walk_stack(None), lookup_lines=False)
     return [{"filename": fs.filename, "line": fs.lineno or 0, "name": fs.name}
             for fs in stack if not os.path.abspath(fs.filename).startswith(own)]

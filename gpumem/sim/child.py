@@ -210,6 +210,9 @@ def _reraise_stop_signal() -> None:
         os.kill(os.getpid(), _stop_signal)
 
 
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpumem/
+
+
 def _own_code(filename: str) -> bool:
     """Whether a frame's file is the script's own: not the standard library,
     not an installed package, not gpumem."""
@@ -219,7 +222,7 @@ def _own_code(filename: str) -> bool:
     path = os.path.abspath(filename)
     if f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path:
         return False
-    roots = (sysconfig.get_paths()["stdlib"], os.path.dirname(os.path.abspath(__file__)))
+    roots = (sysconfig.get_paths()["stdlib"], _PKG_DIR)
     return not any(path.startswith(os.path.abspath(r) + os.sep) for r in roots)
 
 
@@ -336,7 +339,7 @@ def _keep_categories(history: Any) -> None:
 def _script_caller() -> str:
     """file:line of the innermost frame outside gpumem and the standard library's contextlib."""
     import contextlib
-    skip = (os.path.dirname(os.path.abspath(__file__)), os.path.abspath(contextlib.__file__))
+    skip = (_PKG_DIR, os.path.abspath(contextlib.__file__))
     f = sys._getframe(1)
     while f is not None:
         name = os.path.abspath(f.f_code.co_filename)
