@@ -19,8 +19,8 @@ unmeasured run first (the runner's warm_up), so both measured runs compile
 from a warm cache (--no-warmup leaves it out: the torch run then pays the
 cold compile, whose peak includes Inductor's benchmarking).
 Ratios are gpumem / torch; the bar is 1.0 for allocated and <= 1.0 for
-reserved.  A run that failed is reported with its exit status and the
-last line of its error.  Prints one JSON object.
+reserved.  A run that failed is reported with its exit status, its first
+exception line and the peaks it reached, and the stack gets no ratios.  Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main(argv=None) -> None:
             for alloc in runner.ALLOCATORS:
                 row[alloc] = _figures(runner.run_stack(name, alloc, work, caches, probe))
             a, b = row["torch"], row["gpumem"]
-            if a["peak_reserved"] and b["peak_reserved"]:
+            if a["exit_status"] == 0 and b["exit_status"] == 0:   # a failed run's peak is partial
                 row["ratio_allocated"] = round(b["peak_allocated"] / a["peak_allocated"], 4)
                 row["ratio_reserved"] = round(b["peak_reserved"] / a["peak_reserved"], 4)
             row["seconds_both"] = round(time.time() - t0, 1)
