@@ -8,7 +8,7 @@ diffusers), or torchtitan's own launcher.  side_by_side() runs it twice in
 a temporary folder, which is the working directory (everything a framework
 writes lands there, never in the checkout):
 - "torch": ``python -m gpumem.sim --devices N -- CMD``, torch's own allocator;
-- "gpumem": ``python -m gpumem.simulate --devices N --out sim -- CMD``, what
+- "gpumem": ``python -m gpumem.sim.command --devices N --out sim -- CMD``, what
   a user types (``gpumem simulate``), which installs gpumem in every process.
 
 Every Python process of both runs also loads PROBE (a sitecustomize on
@@ -252,7 +252,7 @@ def run_stack(name: str, allocator: str, workdir: Path, caches: dict,
     if allocator == "torch":
         pre = [sys.executable, "-m", "gpumem.sim", "--devices", n, "--"]
     else:
-        pre = [sys.executable, "-m", "gpumem.simulate", "--devices", n, "--out", "sim",
+        pre = [sys.executable, "-m", "gpumem.sim.command", "--devices", n, "--out", "sim",
                "--no-view", "--"]
     rc, out, err, secs = _communicate(pre + [sys.executable, *stack.argv], cwd, env,
                                       stack.timeout)
