@@ -3,9 +3,8 @@
  *
  * gm_hist_capture(level) is called BEFORE any allocator lock is taken. It
  * returns 0 at once unless recording is on at a context level >= `level`.
- * Python frames are read through the public C API only (3.10-3.13):
- * PyEval_GetFrame, PyFrame_GetCode, PyFrame_GetBack, and PyFrame_GetLasti
- * (3.11+) or PyFrame_GetLineNumber (3.10). Only (code object, location)
+ * Python frames are read by hist_pywalk.h: CPython 3.11's frame chain
+ * directly, the public C API on every other version. Only (code object, location)
  * pairs are stored; names and lines are resolved at snapshot time. An
  * identical stack costs one hash lookup (intern.c).
  *
@@ -35,9 +34,7 @@
 #include "../history/hist.h"
 #include "../history/intern.h"
 #include "hist_capture.h"
-#if PY_VERSION_HEX < 0x030B0000
-#include <frameobject.h> /* PyFrame_GetBack is declared here before 3.11 */
-#endif
+#include "hist_pywalk.h"
 
 #define PY_STACK_INLINE 128
 #define C_STACK_MAX 96
@@ -58,52 +55,59 @@ static int may_take_gil(void) {
     return 1;
 }
 
-/* Walk the current thread's frames, innermost first. The caller holds the
- * GIL. *buf starts as an inline buffer of *cap entries; it is replaced by a
- * heap one if the stack is deeper. Returns the number of frames, and their
- * interning hash in *hash (folded in here, where the walk's pointer chasing
- * leaves the multiplier idle). */
-static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inline_buf,
-                            uint64_t *hash) {
-    uint32_t n = 0;
-    uint64_t h = GM_INTERN_HASH_SEED;
-    PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
-    Py_XINCREF(f);
-    while (f) {
-        if (n == *cap) {
-            size_t ncap = *cap * 2;
-            gm_rawframe_t *nb = malloc(ncap * sizeof *nb);
-            if (!nb || n >= UINT32_MAX / 2) {
-                free(nb);
-                Py_DECREF(f);
-                break; /* keep the innermost frames we have */
-            }
-            memcpy(nb, *buf, n * sizeof *nb);
-            if (*buf != inline_buf)
-                free(*buf);
-            *buf = nb;
-            *cap = ncap;
-        }
-        PyCodeObject *co = PyFrame_GetCode(f); /* new reference */
-        gm_rawframe_t *r = &(*buf)[n++];
-        r->code = (uintptr_t)co;
-#if PY_VERSION_HEX >= 0x030B0000
-        r->loc = PyFrame_GetLasti(f);
-        r->kind = GM_LOC_LASTI;
-#else
-        r->loc = PyFrame_GetLineNumber(f);
-        r->kind = GM_LOC_LINE;
-#endif
-        h = gm_intern_hash_frame(h, r);
-        /* The executing frame keeps its code alive for the whole walk, and
-         * the intern table takes its own reference when it keeps one. */
-        Py_DECREF(co);
-        PyFrameObject *back = PyFrame_GetBack(f); /* new reference or NULL */
-        Py_DECREF(f);
-        f = back;
-    }
-    *hash = h;
+static int use_direct_walk; /* set once at init (gm_pywalk_direct_ok); immutable after */
+
+/* Walk the current thread's frames, innermost first (hist_pywalk.h). The
+ * caller holds the GIL. *buf starts as an inline buffer of *cap entries; it
+ * is replaced by a heap one if the stack is deeper. Returns the number of
+ * frames. */
+static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inline_buf) {
+    gm_pywalk_buf_t b = {*buf, *cap, inline_buf};
+    uint32_t n = use_direct_walk ? gm_pywalk_direct(&b) : gm_pywalk_api(&b);
+    *buf = b.buf;
+    *cap = b.cap;
     return n;
+}
+
+static uint64_t hash_frames(const gm_rawframe_t *py, uint32_t n) {
+    uint64_t h = GM_INTERN_HASH_SEED;
+    for (uint32_t i = 0; i < n; i++)
+        h = gm_intern_hash_frame(h, &py[i]);
+    return h;
+}
+
+/* Note [Last stack]
+ * Rationale: consecutive allocations of a thread mostly come from the same
+ *   frames at the same instructions (a loop, a layer's forward), and
+ *   interning such a stack again costs a hash over every frame and a
+ *   lookup under the intern lock that compares every frame.
+ * Approach: each thread keeps the Python frames of its last plain capture
+ *   (no TorchScript or C frames) and their traceback id; a walk that
+ *   yields exactly the same (code, location) pairs reuses the id. Ids are
+ *   never reused (the intern table is never cleared) and the table keeps a
+ *   reference to every code object of a stored traceback, so equal
+ *   pointers are the same code objects.
+ * Limitations: stacks deeper than LAST_STACK_MAX frames are not kept. */
+#define LAST_STACK_MAX 64
+typedef struct last_stack {
+    uint32_t n, id;
+    gm_rawframe_t frames[LAST_STACK_MAX];
+} last_stack_t;
+static _Thread_local last_stack_t tls_last; /* this thread's; protected by: thread-local */
+
+/* The id of the Python-only stack py[0..npy), npy > 0. */
+static uint32_t intern_python_stack(const gm_rawframe_t *py, uint32_t npy) {
+    last_stack_t *last = &tls_last;
+    size_t bytes = (size_t)npy * sizeof *py;
+    if (last->id && last->n == npy && memcmp(last->frames, py, bytes) == 0)
+        return last->id;
+    uint32_t id = gm_intern_traceback_hashed(py, npy, hash_frames(py, npy), NULL, 0);
+    if (id && npy <= LAST_STACK_MAX) {
+        memcpy(last->frames, py, bytes);
+        last->n = npy;
+        last->id = id;
+    }
+    return id;
 }
 
 /* Note [Backward context]
@@ -176,10 +180,10 @@ static uint32_t capture(int level, const gm_rawframe_t *lead, uint32_t nlead) {
         gm_rawframe_t inline_buf[PY_STACK_INLINE];
         gm_rawframe_t *py = inline_buf;
         size_t cap = PY_STACK_INLINE;
-        uint64_t pyhash;
-        uint32_t npy = walk_frames(&py, &cap, inline_buf, &pyhash);
+        uint32_t npy = walk_frames(&py, &cap, inline_buf);
         /* Interned with the GIL held: new code objects get retained. */
-        id = npy ? intern_with_lead(lead, nlead, py, npy, pyhash, cbuf, nc)
+        id = npy && !nlead && !nc ? intern_python_stack(py, npy)
+             : npy ? intern_with_lead(lead, nlead, py, npy, hash_frames(py, npy), cbuf, nc)
              : nlead ? gm_intern_traceback(lead, nlead, cbuf, nc)
                      : without_python_frames(cbuf, nc);
         if (py != inline_buf)
@@ -258,6 +262,7 @@ static PyMethodDef capture_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 int gm_py_hist_capture_init(PyObject *module) {
+    use_direct_walk = gm_pywalk_direct_ok();
     gm_intern_set_retain(retain_code);
     if (PyModule_AddFunctions(module, capture_methods) < 0)
         return -1;
