@@ -163,3 +163,31 @@ def test_repeated_and_alternating_stacks_keep_their_own_ids():
             n for n, _ in _frames_of(other[0])]
     finally:
         history.record_memory_history(None)
+
+
+def test_stacks_captured_without_the_gil_are_the_stacks_of_the_moment():
+    """The GIL-released path (torch's, around allocations and frees) reuses
+    a last stack only when every frame matches: six sites in turn (more
+    than a thread keeps), each capture naming its own site and line."""
+    from gpumem import _C, history
+    history.record_memory_history()
+    try:
+        def make_site(k):
+            ns = {"cap": testext.hist_capture_without_gil}
+            exec(compile(f"def site_{k}():\n    return cap(1)\n", f"<site {k}>", "exec"), ns)
+            return ns[f"site_{k}"]
+
+        sites = [make_site(k) for k in range(6)]
+        rounds = [[site() for site in sites] for _ in range(3)]
+        assert rounds[0] == rounds[1] == rounds[2]
+        assert len(set(rounds[0])) == 6
+        for k, tb in enumerate(rounds[0]):
+            frames = _C._hist_traceback(tb)
+            assert (frames[0]["name"], frames[0]["filename"]) == (f"site_{k}", f"<site {k}>")
+        # deeper by one frame: another stack, found without a stale match
+        assert (lambda: sites[0]())() not in rounds[0]
+        # with the GIL and without it: one id for one stack
+        both = [(sites[1](), _C._hist_capture(1)) for _ in range(2)]
+        assert both[0] == both[1]
+    finally:
+        history.record_memory_history(None)

@@ -17,7 +17,9 @@
  *   false as soon as finalization starts). A thread whose PyGILState thread
  *   state is NULL captures no Python frames and never touches the GIL. A
  *   thread that holds the GIL walks its frames directly. A thread with a
- *   thread state but without the GIL takes it with PyGILState_Ensure, but
+ *   thread state but without the GIL first checks, without the GIL,
+ *   whether it stands at its last stack (Note [Last stack]); if not, it
+ *   takes the GIL with PyGILState_Ensure, but
  *   only until the interpreter starts exiting (an atexit hook sets our flag
  *   before CPython sets its own; 3.13+ also checks Py_IsFinalizing). No
  *   allocator lock is held here, so waiting for the GIL cannot deadlock
@@ -77,35 +79,61 @@ static uint64_t hash_frames(const gm_rawframe_t *py, uint32_t n) {
 }
 
 /* Note [Last stack]
- * Rationale: consecutive allocations of a thread mostly come from the same
- *   frames at the same instructions (a loop, a layer's forward), and
- *   interning such a stack again costs a hash over every frame and a
- *   lookup under the intern lock that compares every frame.
- * Approach: each thread keeps the Python frames of its last plain capture
- *   (no TorchScript or C frames) and their traceback id; a walk that
- *   yields exactly the same (code, location) pairs reuses the id. Ids are
- *   never reused (the intern table is never cleared) and the table keeps a
- *   reference to every code object of a stored traceback, so equal
- *   pointers are the same code objects.
+ * Rationale: consecutive allocations of a thread mostly come from a few
+ *   frames at the same instructions (a loop's allocation and its free, a
+ *   layer's forward), and interning such a stack again costs a hash over
+ *   every frame and a lookup under the intern lock that compares every
+ *   frame; and torch releases the GIL around allocations and frees, so a
+ *   capture that needs the GIL pays a PyGILState_Ensure/Release round trip.
+ * Approach: each thread keeps the Python frames of its last LAST_STACKS
+ *   plain captures (no TorchScript or C frames) and their traceback ids; a
+ *   walk that yields exactly the same (code, location) pairs as one of them
+ *   reuses its id. Ids are never reused (the intern table is never
+ *   cleared) and the table keeps a reference to every code object of a
+ *   stored traceback, so equal pointers are the same code objects. On 3.11
+ *   (the direct walk) a thread that released the GIL walks its frames and
+ *   compares them without taking the GIL back: nothing it reads can change
+ *   meanwhile (gm_pywalk_direct_ts), and on a match nothing needs the GIL;
+ *   on a miss it takes the GIL and interns the frames it walked.
  * Limitations: stacks deeper than LAST_STACK_MAX frames are not kept. */
-#define LAST_STACK_MAX 64
+#define LAST_STACK_MAX 48
+#define LAST_STACKS 4
 typedef struct last_stack {
     uint32_t n, id;
     gm_rawframe_t frames[LAST_STACK_MAX];
 } last_stack_t;
-static _Thread_local last_stack_t tls_last; /* this thread's; protected by: thread-local */
+typedef struct last_stacks {
+    uint32_t next; /* the entry replaced next (round robin) */
+    last_stack_t e[LAST_STACKS];
+} last_stacks_t;
+static _Thread_local last_stacks_t tls_last; /* this thread's; protected by: thread-local */
 
-/* The id of the Python-only stack py[0..npy), npy > 0. */
+/* The id of one of this thread's last stacks equal to py[0..npy), or 0.
+ * Touches nothing Python: safe without the GIL. */
+static uint32_t last_stack_find(const gm_rawframe_t *py, uint32_t npy) {
+    const last_stacks_t *l = &tls_last;
+    for (int i = 0; i < LAST_STACKS; i++) {
+        const last_stack_t *e = &l->e[i];
+        if (e->id && e->n == npy && memcmp(e->frames, py, (size_t)npy * sizeof *py) == 0)
+            return e->id;
+    }
+    return 0;
+}
+
+/* The id of the Python-only stack py[0..npy), npy > 0. The caller holds
+ * the GIL (new code objects get retained). */
 static uint32_t intern_python_stack(const gm_rawframe_t *py, uint32_t npy) {
-    last_stack_t *last = &tls_last;
-    size_t bytes = (size_t)npy * sizeof *py;
-    if (last->id && last->n == npy && memcmp(last->frames, py, bytes) == 0)
-        return last->id;
-    uint32_t id = gm_intern_traceback_hashed(py, npy, hash_frames(py, npy), NULL, 0);
+    uint32_t id = last_stack_find(py, npy);
+    if (id)
+        return id;
+    id = gm_intern_traceback_hashed(py, npy, hash_frames(py, npy), NULL, 0);
     if (id && npy <= LAST_STACK_MAX) {
-        memcpy(last->frames, py, bytes);
-        last->n = npy;
-        last->id = id;
+        last_stacks_t *l = &tls_last;
+        last_stack_t *e = &l->e[l->next];
+        l->next = (l->next + 1) % LAST_STACKS;
+        memcpy(e->frames, py, (size_t)npy * sizeof *py);
+        e->n = npy;
+        e->id = id;
     }
     return id;
 }
@@ -165,32 +193,55 @@ static uint32_t capture(int level, const gm_rawframe_t *lead, uint32_t nlead) {
 
     int have_gil = 0, ensured = 0;
     PyGILState_STATE gs = PyGILState_UNLOCKED;
+    gm_rawframe_t inline_buf[PY_STACK_INLINE];
+    gm_rawframe_t *py = inline_buf;
+    size_t cap = PY_STACK_INLINE;
+    uint32_t npy = 0;
+    int walked = 0;
     /* Py_IsInitialized first: it turns false as finalization starts, and
      * the PyGILState calls are only valid while it is true. */
-    if (Py_IsInitialized() && PyGILState_GetThisThreadState() != NULL) {
+    PyThreadState *ts;
+    if (Py_IsInitialized() && (ts = PyGILState_GetThisThreadState()) != NULL) {
         if (PyGILState_Check()) {
             have_gil = 1; /* walking our own frames never waits */
-        } else if (may_take_gil()) {
-            gs = PyGILState_Ensure();
-            ensured = have_gil = 1;
+        } else {
+#if GM_PYWALK_DIRECT
+            if (use_direct_walk && !nlead && !nc) {
+                /* One of the last stacks again needs no GIL (Note [Last
+                 * stack]); the frames walked stay valid if it is taken. */
+                gm_pywalk_buf_t b = {py, cap, inline_buf};
+                npy = gm_pywalk_direct_ts(ts, &b);
+                py = b.buf;
+                cap = b.cap;
+                walked = 1;
+                uint32_t same = npy ? last_stack_find(py, npy) : 0;
+                if (same) {
+                    if (py != inline_buf)
+                        free(py);
+                    return same;
+                }
+            }
+#endif
+            if (may_take_gil()) {
+                gs = PyGILState_Ensure();
+                ensured = have_gil = 1;
+            }
         }
     }
     uint32_t id;
     if (have_gil) {
-        gm_rawframe_t inline_buf[PY_STACK_INLINE];
-        gm_rawframe_t *py = inline_buf;
-        size_t cap = PY_STACK_INLINE;
-        uint32_t npy = walk_frames(&py, &cap, inline_buf);
+        if (!walked)
+            npy = walk_frames(&py, &cap, inline_buf);
         /* Interned with the GIL held: new code objects get retained. */
         id = npy && !nlead && !nc ? intern_python_stack(py, npy)
              : npy ? intern_with_lead(lead, nlead, py, npy, hash_frames(py, npy), cbuf, nc)
              : nlead ? gm_intern_traceback(lead, nlead, cbuf, nc)
                      : without_python_frames(cbuf, nc);
-        if (py != inline_buf)
-            free(py);
     } else {
         id = nlead ? gm_intern_traceback(lead, nlead, cbuf, nc) : without_python_frames(cbuf, nc);
     }
+    if (py != inline_buf)
+        free(py);
     if (ensured)
         PyGILState_Release(gs);
     return id;

@@ -131,23 +131,44 @@ static inline int gm_iframe311_incomplete(const gm_iframe311_t *f) {
  * the 3.11 it was compiled for) */
 static inline int gm_pywalk_direct_ok(void) { return (Py_Version >> 16) == 0x030B; }
 
-static inline uint32_t gm_pywalk_direct(gm_pywalk_buf_t *b) {
+/* The first frame of thread state ts that PyFrame_GetBack would yield
+ * from its current frame on, or the one after f: NULL at the end. */
+static inline const gm_iframe311_t *gm_iframe311_next(const gm_iframe311_t *f) {
+    while (f && gm_iframe311_incomplete(f))
+        f = f->previous;
+    return f;
+}
+
+static inline const gm_iframe311_t *gm_iframe311_first(PyThreadState *ts) {
+    return gm_iframe311_next(ts->cframe ? (const gm_iframe311_t *)ts->cframe->current_frame
+                                        : NULL);
+}
+
+/* Frame f as a raw frame: its code and PyFrame_GetLasti's location. */
+static inline void gm_iframe311_raw(const gm_iframe311_t *f, gm_rawframe_t *r) {
+    r->code = (uintptr_t)f->f_code;
+    long lasti = (long)(f->prev_instr - (_Py_CODEUNIT *)f->f_code->co_code_adaptive);
+    r->loc = lasti < 0 ? -1 : (int32_t)(lasti * (long)sizeof(_Py_CODEUNIT));
+    r->kind = GM_LOC_LASTI;
+}
+
+/* The frames of thread state ts. ts is this thread's, and either it holds
+ * the GIL or it released it and is inside a C call: its frames cannot
+ * change while they are read (no other thread runs this thread's frames),
+ * and each keeps its code object alive. */
+static inline uint32_t gm_pywalk_direct_ts(PyThreadState *ts, gm_pywalk_buf_t *b) {
     uint32_t n = 0;
-    PyThreadState *ts = PyThreadState_Get();
-    const gm_iframe311_t *f =
-        ts->cframe ? (const gm_iframe311_t *)ts->cframe->current_frame : NULL;
-    for (; f; f = f->previous) {
-        if (gm_iframe311_incomplete(f))
-            continue;
+    for (const gm_iframe311_t *f = gm_iframe311_first(ts); f;
+         f = gm_iframe311_next(f->previous)) {
         if (!gm_pywalk_room(b, n))
             break;
-        gm_rawframe_t *r = &b->buf[n++];
-        r->code = (uintptr_t)f->f_code;
-        long lasti = (long)(f->prev_instr - (_Py_CODEUNIT *)f->f_code->co_code_adaptive);
-        r->loc = lasti < 0 ? -1 : (int32_t)(lasti * (long)sizeof(_Py_CODEUNIT));
-        r->kind = GM_LOC_LASTI;
+        gm_iframe311_raw(f, &b->buf[n++]);
     }
     return n;
+}
+
+static inline uint32_t gm_pywalk_direct(gm_pywalk_buf_t *b) {
+    return gm_pywalk_direct_ts(PyThreadState_Get(), b);
 }
 #else
 static inline int gm_pywalk_direct_ok(void) { return 0; }
