@@ -127,7 +127,8 @@ def _frames_of(tb_id):
 def test_repeated_and_alternating_stacks_keep_their_own_ids():
     import threading
 
-    from gpumem import _C, history
+    from gpumem import _C
+    from gpumem.recording import history
     history.record_memory_history()
     try:
         def site_a():
@@ -169,7 +170,8 @@ def test_stacks_captured_without_the_gil_are_the_stacks_of_the_moment():
     """The GIL-released path (torch's, around allocations and frees) reuses
     a last stack only when every frame matches: six sites in turn (more
     than a thread keeps), each capture naming its own site and line."""
-    from gpumem import _C, history
+    from gpumem import _C
+    from gpumem.recording import history
     history.record_memory_history()
     try:
         def make_site(k):
