@@ -46,8 +46,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from test_sim_helpers import sim_lib_dir  # noqa: E402  (tests/)
-from test_torch_common import _env, built_shim  # noqa: E402
+from sim_helpers import sim_lib_dir  # noqa: E402  (tests/)
+from torch_helpers import _env, built_shim  # noqa: E402
 
 SCRIPTS = HERE / "scripts"
 ENV_PROBE = "GPUMEM_TEST_PROBE_DIR"
