@@ -293,6 +293,9 @@ def side_by_side(name: str, workdir: Path, caches: dict, warmed: set) -> dict:
     return {a: run_stack(name, a, workdir, caches, probe) for a in ALLOCATORS}
 
 
+SMALL_BLOCK = 512  # torch's (and gpumem's) smallest block
+
+
 def check_side_by_side(runs: dict) -> dict:
     """The bar of issue 30: both runs succeeded; per rank and device, peak
     allocated equal and peak reserved under gpumem at most torch's; gpumem
@@ -305,8 +308,16 @@ def check_side_by_side(runs: dict) -> dict:
     assert ours.summary and ours.summary["exit_status"] == 0, (ours.summary, ours.tail())
     theirs, mine = torch_run.peaks(), ours.peaks()
     assert sorted(theirs) == sorted(mine), (theirs, mine)
+    ranks = len({rank for rank, _dev in theirs})
     for key in theirs:
-        assert mine[key]["allocated"] == theirs[key]["allocated"], (key, theirs, mine)
+        # Note [One small block between ranks]: in one of two 2-rank
+        # torchtitan runs, torch's own allocator gave rank 1 a peak 512 B
+        # below rank 0's and below gpumem's (gpumem: both ranks equal, in both
+        # runs); the other run was equal throughout. So a multi-rank run may
+        # differ by one 512-byte block, never more; one rank must be exact.
+        slack = SMALL_BLOCK if ranks > 1 else 0
+        diff = abs(mine[key]["allocated"] - theirs[key]["allocated"])
+        assert diff <= slack, (key, theirs, mine)
         assert mine[key]["reserved"] <= theirs[key]["reserved"], (key, theirs, mine)
     reported = {(str(r["rank"]) if r["rank"] is not None else None, r["device"]):
                 (r["peak_allocated"], r["peak_reserved"]) for r in ours.summary["per_device"]}
