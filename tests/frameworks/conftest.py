@@ -314,7 +314,7 @@ def check_side_by_side(runs: dict) -> dict:
         # torchtitan runs, torch's own allocator gave rank 1 a peak 512 B
         # below rank 0's and below gpumem's (gpumem: both ranks equal, in both
         # runs); the other run was equal throughout. So a multi-rank run may
-        # differ by one 512-byte block, never more; one rank must be exact.
+        # differ by one 512-byte block, never more; a one-rank run is exact.
         slack = SMALL_BLOCK if ranks > 1 else 0
         diff = abs(mine[key]["allocated"] - theirs[key]["allocated"])
         assert diff <= slack, (key, theirs, mine)
