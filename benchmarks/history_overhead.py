@@ -158,6 +158,10 @@ if which == "gpumem":
             if r:
                 step_runs[m].append(v)
     record(False)
+    # The model, its optimizer state and its cached blocks go before the
+    # dump below, so both processes dump the same history and segments.
+    del model, opt, x
+    torch.cuda.empty_cache()
     med = {m: statistics.median(v) for m, v in step_runs.items()}
     categories = {
         "categories_overhead_us_per_alloc":

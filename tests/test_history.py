@@ -578,3 +578,33 @@ def test_event_numbers_name_each_recorded_event():
     assert len(_C._hist_snapshot()) == 3          # without seqs: torch's three parts
     with pytest.raises(ValueError):
         _C._hist_seq(-1)
+
+
+# ------------------------------------------------------------ timestamps
+
+def test_event_times_are_wall_clock_microseconds_in_order():
+    """Events are stamped in ticks and converted when copied (clock.h):
+    every time lies between wall-clock readings taken around its event, in
+    event order, and a known gap between two events comes out as it was."""
+    import time
+    a = _C.Allocator()
+    history.record_memory_history()
+    try:
+        before = time.time() * 1e6
+        p = a.malloc(4096)
+        mid_lo = time.time() * 1e6
+        time.sleep(0.25)
+        mid_hi = time.time() * 1e6
+        a.free(p)
+        after = time.time() * 1e6
+        for _ in range(2):  # a second copy converts the same events the same way
+            ev = [e for e in trace(history.snapshot()) if e["action"] != "snapshot"]
+            times = [e["time_us"] for e in ev]
+            assert times == sorted(times)
+            alloc = next(e for e in ev if e["action"] == "alloc")["time_us"]
+            freed = next(e for e in ev if e["action"] == "free_completed")["time_us"]
+            assert before - 2 <= alloc <= mid_lo + 2
+            assert mid_hi - 2 <= freed <= after + 2
+            assert abs((freed - alloc) - 250e3) < 50e3
+    finally:
+        history.record_memory_history(None)

@@ -77,6 +77,25 @@ def workload(a, rng, steps, streams=(0, 0, 0, 11), use_streams=(21, 22)):
     return live, done
 
 
+# ------------------------------------------------------------ the collector
+
+def test_snapshot_leaves_the_garbage_collector_as_it_found_it():
+    """The build pauses the collector (hist_snapshot.c) and restores it."""
+    a = _C.Allocator()
+    history.record_memory_history()
+    try:
+        p = a.malloc(4096)
+        for enabled in (True, False, True):
+            (gc.enable if enabled else gc.disable)()
+            snap = history.snapshot()
+            assert gc.isenabled() is enabled
+            assert any(e["action"] == "alloc" for t in snap["device_traces"] for e in t)
+        a.free(p)
+    finally:
+        gc.enable()
+        history.record_memory_history(None)
+
+
 # ------------------------------------------------------------ round trip
 
 def test_dump_round_trips_through_the_restricted_loader(tmp_path):

@@ -111,7 +111,7 @@ def test_every_readme_command_is_covered():
 def test_setup_installs_what_a_simulated_run_needs():
     """torch warns "Failed to initialize NumPy" on every import without numpy, so
     every gpumem simulate run would print it: the set-up installs numpy."""
-    extra = re.search(r"^test = \[(.*)\]", (ROOT / "pyproject.toml").read_text(), re.M)
+    extra = re.search(r"^test = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M | re.S)
     names = {re.split(r"[=<>\[ ]", n.strip().strip('"'))[0] for n in extra.group(1).split(",")}
     assert {"torch", "numpy", "ninja", "pytest"} <= names, names
     assert "pip install -e '.[test]'" in (ROOT / "setup.sh").read_text()

@@ -30,3 +30,4 @@ hist_c_thread_alloc = module.hist_c_thread_alloc
 hist_capture_in_c_thread = module.hist_capture_in_c_thread
 hist_capture_without_gil = module.hist_capture_without_gil
 hist_walk_only = module.hist_walk_only
+hist_walks = module.hist_walks

@@ -38,7 +38,7 @@ typedef struct gm_hist_event {
     uint64_t addr;
     uint64_t size;
     uint64_t stream;
-    uint64_t time_us; /* microseconds since the Unix epoch */
+    uint64_t time_us; /* microseconds since the Unix epoch; in the ring, ticks (clock.h) */
     uint32_t tb;      /* interned traceback id; 0 = no frames attached */
     uint32_t meta;    /* interned user_metadata string id; 0 = "" */
     uint8_t action;   /* gm_action_t */

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "hist.h"
 #include "ring.h"
 
@@ -64,6 +65,7 @@ static int cfg_context_requested;      /* protected by: registry lock */
 static _Thread_local uint32_t tls_metadata; /* this thread's user_metadata id */
 
 static void init_slots(void) {
+    gm_clock_anchor(); /* before any event can be stamped */
     for (int d = 0; d < GM_HIST_MAX_DEVICES; d++) {
         pthread_mutex_init(&slots[d].ring_lock, NULL);
         gm_ring_init(&slots[d].ring, 1);
@@ -71,12 +73,6 @@ static void init_slots(void) {
 }
 
 static void ensure_slots(void) { pthread_once(&slots_once, init_slots); }
-
-static uint64_t now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 int gm_hist_context_level(void) { return atomic_load_explicit(&cfg_context, memory_order_relaxed); }
 
@@ -95,7 +91,7 @@ static void push_event(slot_t *s, gm_action_t action, uint64_t addr, uint64_t si
     e.addr = addr;
     e.size = size;
     e.stream = stream;
-    e.time_us = now_us();
+    e.time_us = gm_clock_ticks(); /* ticks in the ring; microseconds once copied */
     /* torch attaches a context to trace entries only from level ALLOC. */
     e.tb = gm_hist_context_level() >= GM_HIST_CTX_ALLOC ? ctx : 0;
     e.meta = tls_metadata;
@@ -265,8 +261,13 @@ static int copy_ring_unlocked(walk_ctx_t *w) {
     gm_hist_event_t *ev = NULL;
     if (r->count && !(ev = malloc(r->count * sizeof *ev)))
         return GM_ENOMEM;
-    if (r->count)
+    if (r->count) {
         gm_ring_copy(r, ev);
+        gm_clock_conv_t conv;
+        gm_clock_conv_now(&conv);
+        for (size_t i = 0; i < r->count; i++)
+            ev[i].time_us = gm_clock_to_us(&conv, ev[i].time_us);
+    }
     w->out->ev[w->device] = ev;
     w->out->nev[w->device] = r->count;
     w->out->seq_end[w->device] = r->seq;

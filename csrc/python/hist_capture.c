@@ -3,9 +3,8 @@
  *
  * gm_hist_capture(level) is called BEFORE any allocator lock is taken. It
  * returns 0 at once unless recording is on at a context level >= `level`.
- * Python frames are read through the public C API only (3.10-3.13):
- * PyEval_GetFrame, PyFrame_GetCode, PyFrame_GetBack, and PyFrame_GetLasti
- * (3.11+) or PyFrame_GetLineNumber (3.10). Only (code object, location)
+ * Python frames are read by hist_pywalk.h: CPython 3.11's frame chain
+ * directly, the public C API on every other version. Only (code object, location)
  * pairs are stored; names and lines are resolved at snapshot time. An
  * identical stack costs one hash lookup (intern.c).
  *
@@ -18,7 +17,9 @@
  *   false as soon as finalization starts). A thread whose PyGILState thread
  *   state is NULL captures no Python frames and never touches the GIL. A
  *   thread that holds the GIL walks its frames directly. A thread with a
- *   thread state but without the GIL takes it with PyGILState_Ensure, but
+ *   thread state but without the GIL first checks, without the GIL,
+ *   whether it stands at its last stack (Note [Last stack]); if not, it
+ *   takes the GIL with PyGILState_Ensure, but
  *   only until the interpreter starts exiting (an atexit hook sets our flag
  *   before CPython sets its own; 3.13+ also checks Py_IsFinalizing). No
  *   allocator lock is held here, so waiting for the GIL cannot deadlock
@@ -39,9 +40,7 @@
 #include "../history/hist.h"
 #include "../history/intern.h"
 #include "hist_capture.h"
-#if PY_VERSION_HEX < 0x030B0000
-#include <frameobject.h> /* PyFrame_GetBack is declared here before 3.11 */
-#endif
+#include "hist_pywalk.h"
 
 #define PY_STACK_INLINE 128
 #define C_STACK_MAX 96
@@ -136,59 +135,95 @@ static int hidden(PyCodeObject *co) {
     return hide;
 }
 
-/* Walk the current thread's frames, innermost first. The caller holds the
- * GIL. *buf starts as an inline buffer of *cap entries; it is replaced by a
- * heap one if the stack is deeper. Returns the number of frames, and their
- * interning hash in *hash (folded in here, where the walk's pointer chasing
- * leaves the multiplier idle). */
-static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inline_buf,
-                            uint64_t *hash) {
-    uint32_t n = 0;
-    uint64_t h = GM_INTERN_HASH_SEED;
-    PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
-    Py_XINCREF(f);
-    while (f) {
-        if (n == *cap) {
-            size_t ncap = *cap * 2;
-            gm_rawframe_t *nb = malloc(ncap * sizeof *nb);
-            if (!nb || n >= UINT32_MAX / 2) {
-                free(nb);
-                Py_DECREF(f);
-                break; /* keep the innermost frames we have */
-            }
-            memcpy(nb, *buf, n * sizeof *nb);
-            if (*buf != inline_buf)
-                free(*buf);
-            *buf = nb;
-            *cap = ncap;
-        }
-        PyCodeObject *co = PyFrame_GetCode(f); /* new reference */
-        if (hidden(co)) { /* Note [gpumem's own frames] */
-            Py_DECREF(co);
-            PyFrameObject *back = PyFrame_GetBack(f);
-            Py_DECREF(f);
-            f = back;
-            continue;
-        }
-        gm_rawframe_t *r = &(*buf)[n++];
-        r->code = (uintptr_t)co;
-#if PY_VERSION_HEX >= 0x030B0000
-        r->loc = PyFrame_GetLasti(f);
-        r->kind = GM_LOC_LASTI;
-#else
-        r->loc = PyFrame_GetLineNumber(f);
-        r->kind = GM_LOC_LINE;
-#endif
-        h = gm_intern_hash_frame(h, r);
-        /* The executing frame keeps its code alive for the whole walk, and
-         * the intern table takes its own reference when it keeps one. */
-        Py_DECREF(co);
-        PyFrameObject *back = PyFrame_GetBack(f); /* new reference or NULL */
-        Py_DECREF(f);
-        f = back;
-    }
-    *hash = h;
+/* Leave gpumem's own frames out of py[0..n) (Note [gpumem's own frames]);
+ * returns the number kept. The caller holds the GIL. */
+static uint32_t drop_own_frames(gm_rawframe_t *py, uint32_t n) {
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (!hidden((PyCodeObject *)py[i].code))
+            py[kept++] = py[i];
+    return kept;
+}
+
+static int use_direct_walk; /* set once at init (gm_pywalk_direct_ok); immutable after */
+
+/* Walk the current thread's frames, innermost first (hist_pywalk.h). The
+ * caller holds the GIL. *buf starts as an inline buffer of *cap entries; it
+ * is replaced by a heap one if the stack is deeper. Returns the number of
+ * frames. */
+static uint32_t walk_frames(gm_rawframe_t **buf, size_t *cap, gm_rawframe_t *inline_buf) {
+    gm_pywalk_buf_t b = {*buf, *cap, inline_buf};
+    uint32_t n = use_direct_walk ? gm_pywalk_direct(&b) : gm_pywalk_api(&b);
+    *buf = b.buf;
+    *cap = b.cap;
     return n;
+}
+
+static uint64_t hash_frames(const gm_rawframe_t *py, uint32_t n) {
+    uint64_t h = GM_INTERN_HASH_SEED;
+    for (uint32_t i = 0; i < n; i++)
+        h = gm_intern_hash_frame(h, &py[i]);
+    return h;
+}
+
+/* Note [Last stack]
+ * Rationale: consecutive allocations of a thread mostly come from a few
+ *   frames at the same instructions (a loop's allocation and its free, a
+ *   layer's forward), and interning such a stack again costs a hash over
+ *   every frame and a lookup under the intern lock that compares every
+ *   frame; and torch releases the GIL around allocations and frees, so a
+ *   capture that needs the GIL pays a PyGILState_Ensure/Release round trip.
+ * Approach: each thread keeps the Python frames of its last LAST_STACKS
+ *   plain captures (no TorchScript or C frames) and their traceback ids; a
+ *   walk that yields exactly the same (code, location) pairs as one of them
+ *   reuses its id. Ids are never reused (the intern table is never
+ *   cleared) and the table keeps a reference to every code object of a
+ *   stored traceback, so equal pointers are the same code objects. On 3.11
+ *   (the direct walk) a thread that released the GIL walks its frames and
+ *   compares them without taking the GIL back: nothing it reads can change
+ *   meanwhile (gm_pywalk_direct_ts), and on a match nothing needs the GIL;
+ *   on a miss it takes the GIL and interns the frames it walked.
+ * Limitations: stacks deeper than LAST_STACK_MAX frames are not kept. */
+#define LAST_STACK_MAX 48
+#define LAST_STACKS 4
+typedef struct last_stack {
+    uint32_t n, id;
+    gm_rawframe_t frames[LAST_STACK_MAX];
+} last_stack_t;
+typedef struct last_stacks {
+    uint32_t next; /* the entry replaced next (round robin) */
+    last_stack_t e[LAST_STACKS];
+} last_stacks_t;
+static _Thread_local last_stacks_t tls_last; /* this thread's; protected by: thread-local */
+
+/* The id of one of this thread's last stacks equal to py[0..npy), or 0.
+ * Touches nothing Python: safe without the GIL. */
+static uint32_t last_stack_find(const gm_rawframe_t *py, uint32_t npy) {
+    const last_stacks_t *l = &tls_last;
+    for (int i = 0; i < LAST_STACKS; i++) {
+        const last_stack_t *e = &l->e[i];
+        if (e->id && e->n == npy && memcmp(e->frames, py, (size_t)npy * sizeof *py) == 0)
+            return e->id;
+    }
+    return 0;
+}
+
+/* The id of the Python-only stack py[0..npy), npy > 0. The caller holds
+ * the GIL (new code objects get retained). */
+static uint32_t intern_python_stack(const gm_rawframe_t *py, uint32_t npy) {
+    uint32_t id = last_stack_find(py, npy);
+    if (id)
+        return id;
+    id = gm_intern_traceback_hashed(py, npy, hash_frames(py, npy), NULL, 0);
+    if (id && npy <= LAST_STACK_MAX) {
+        last_stacks_t *l = &tls_last;
+        last_stack_t *e = &l->e[l->next];
+        l->next = (l->next + 1) % LAST_STACKS;
+        memcpy(e->frames, py, (size_t)npy * sizeof *py);
+        e->n = npy;
+        e->id = id;
+    }
+    return id;
 }
 
 /* Note [Backward context]
@@ -246,32 +281,56 @@ static uint32_t capture(int level, const gm_rawframe_t *lead, uint32_t nlead) {
 
     int have_gil = 0, ensured = 0;
     PyGILState_STATE gs = PyGILState_UNLOCKED;
+    gm_rawframe_t inline_buf[PY_STACK_INLINE];
+    gm_rawframe_t *py = inline_buf;
+    size_t cap = PY_STACK_INLINE;
+    uint32_t npy = 0;
+    int walked = 0;
     /* Py_IsInitialized first: it turns false as finalization starts, and
      * the PyGILState calls are only valid while it is true. */
-    if (Py_IsInitialized() && PyGILState_GetThisThreadState() != NULL) {
+    PyThreadState *ts;
+    if (Py_IsInitialized() && (ts = PyGILState_GetThisThreadState()) != NULL) {
         if (PyGILState_Check()) {
             have_gil = 1; /* walking our own frames never waits */
-        } else if (may_take_gil()) {
-            gs = PyGILState_Ensure();
-            ensured = have_gil = 1;
+        } else {
+#if GM_PYWALK_DIRECT
+            if (use_direct_walk && !nlead && !nc) {
+                /* One of the last stacks again needs no GIL (Note [Last
+                 * stack]); the frames walked stay valid if it is taken. */
+                gm_pywalk_buf_t b = {py, cap, inline_buf};
+                npy = gm_pywalk_direct_ts(ts, &b);
+                py = b.buf;
+                cap = b.cap;
+                walked = 1;
+                uint32_t same = npy ? last_stack_find(py, npy) : 0;
+                if (same) {
+                    if (py != inline_buf)
+                        free(py);
+                    return same;
+                }
+            }
+#endif
+            if (may_take_gil()) {
+                gs = PyGILState_Ensure();
+                ensured = have_gil = 1;
+            }
         }
     }
     uint32_t id;
     if (have_gil) {
-        gm_rawframe_t inline_buf[PY_STACK_INLINE];
-        gm_rawframe_t *py = inline_buf;
-        size_t cap = PY_STACK_INLINE;
-        uint64_t pyhash;
-        uint32_t npy = walk_frames(&py, &cap, inline_buf, &pyhash);
+        if (!walked)
+            npy = walk_frames(&py, &cap, inline_buf);
+        npy = drop_own_frames(py, npy); /* before interning or keeping it as a last stack */
         /* Interned with the GIL held: new code objects get retained. */
-        id = npy ? intern_with_lead(lead, nlead, py, npy, pyhash, cbuf, nc)
+        id = npy && !nlead && !nc ? intern_python_stack(py, npy)
+             : npy ? intern_with_lead(lead, nlead, py, npy, hash_frames(py, npy), cbuf, nc)
              : nlead ? gm_intern_traceback(lead, nlead, cbuf, nc)
                      : without_python_frames(cbuf, nc);
-        if (py != inline_buf)
-            free(py);
     } else {
         id = nlead ? gm_intern_traceback(lead, nlead, cbuf, nc) : without_python_frames(cbuf, nc);
     }
+    if (py != inline_buf)
+        free(py);
     if (ensured)
         PyGILState_Release(gs);
     return id;
@@ -343,6 +402,7 @@ static PyMethodDef capture_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 int gm_py_hist_capture_init(PyObject *module) {
+    use_direct_walk = gm_pywalk_direct_ok();
     gm_intern_set_retain(retain_code);
     if (PyModule_AddFunctions(module, capture_methods) < 0)
         return -1;

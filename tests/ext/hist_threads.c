@@ -1,7 +1,8 @@
 /*
  * hist_threads.c - memory history driven from threads in every state, for
  * tests and benchmarks: _testext.hist_capture_without_gil,
- * hist_c_thread_alloc, hist_capture_in_c_thread and hist_walk_only.
+ * hist_c_thread_alloc, hist_capture_in_c_thread, hist_walk_only and
+ * hist_walks (both frame walks of csrc/python/hist_pywalk.h, compared).
  *
  * Invariants: captures go through gpumem._C's own entry point
  * (gm_hist_api_t.capture, the one the torch shim calls) and allocations
@@ -14,10 +15,8 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "python/hist_pywalk.h"
 #include "testext.h"
-#if PY_VERSION_HEX < 0x030B0000
-#include <frameobject.h> /* PyFrame_GetBack is declared here before 3.11 */
-#endif
 
 /* _testext.hist_capture_without_gil(level) -> id: capture from this Python
  * thread after releasing the GIL (the PyGILState_Ensure path). */
@@ -158,33 +157,68 @@ static PyObject *py_capture_in_c_thread(PyObject *self, PyObject *args) {
     return Py_BuildValue("(kO)", (unsigned long)t.id, blocked ? Py_True : Py_False);
 }
 
-/* _testext.hist_walk_only(n) -> None: walk the caller's frames n times with
- * exactly the public calls walk_frames (csrc/python/hist_capture.c) makes
- * and nothing else (no buffer, no hash, no interning): the floor a capture
- * of this stack cannot go below. For benchmarks/history_overhead.py. */
-static PyObject *py_walk_only(PyObject *self, PyObject *arg) {
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred())
+/* _testext.hist_walk_only(n, direct=False) -> None: walk the caller's
+ * frames n times with the walk a capture makes (hist_pywalk.h: the public
+ * API one, or with direct=True the one capture uses on this version) and
+ * nothing else (no hash, no interning): the floor a capture of this stack
+ * cannot go below. For benchmarks/history_overhead.py. */
+static PyObject *py_walk_only(PyObject *self, PyObject *args) {
+    long n;
+    int direct = 0;
+    if (!PyArg_ParseTuple(args, "l|p", &n, &direct))
         return NULL;
+    direct = direct && gm_pywalk_direct_ok();
     volatile uintptr_t sink = 0;
+    gm_rawframe_t inline_buf[128];
     for (long i = 0; i < n; i++) {
-        PyFrameObject *f = PyEval_GetFrame();
-        Py_XINCREF(f);
-        while (f) {
-            PyCodeObject *co = PyFrame_GetCode(f);
-#if PY_VERSION_HEX >= 0x030B0000
-            sink += (uintptr_t)co + (uintptr_t)PyFrame_GetLasti(f);
-#else
-            sink += (uintptr_t)co + (uintptr_t)PyFrame_GetLineNumber(f);
-#endif
-            Py_DECREF(co);
-            PyFrameObject *back = PyFrame_GetBack(f);
-            Py_DECREF(f);
-            f = back;
-        }
+        gm_pywalk_buf_t b = {inline_buf, 128, inline_buf};
+        uint32_t k = direct ? gm_pywalk_direct(&b) : gm_pywalk_api(&b);
+        sink += k ? b.buf[0].code : 0;
+        if (b.buf != inline_buf)
+            free(b.buf);
     }
     (void)sink;
     Py_RETURN_NONE;
+}
+
+static PyObject *frames_list(const gm_rawframe_t *f, uint32_t n) {
+    PyObject *l = PyList_New(n);
+    for (uint32_t i = 0; l && i < n; i++) {
+        PyObject *t = Py_BuildValue("(Oi)", (PyObject *)f[i].code, (int)f[i].loc);
+        if (!t) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, t);
+    }
+    return l;
+}
+
+/* _testext.hist_walks(cap=128) -> (api, direct, direct_used): the caller's
+ * frames by both walks, each a list of (code, location), innermost first;
+ * cap is the walks' first buffer (a small one exercises its growth).
+ * direct_used: whether capture uses the direct walk in this process. */
+static PyObject *py_walks(PyObject *self, PyObject *args) {
+    int cap = 128;
+    if (!PyArg_ParseTuple(args, "|i", &cap))
+        return NULL;
+    if (cap < 1 || cap > 128)
+        return PyErr_Format(PyExc_ValueError, "cap must be in 1..128");
+    gm_rawframe_t ia[128] = {{0}}, id[128] = {{0}};
+    gm_pywalk_buf_t a = {ia, (size_t)cap, ia}, d = {id, (size_t)cap, id};
+    uint32_t na = gm_pywalk_api(&a);
+    uint32_t nd = gm_pywalk_direct(&d);
+    PyObject *la = frames_list(a.buf, na), *ld = frames_list(d.buf, nd);
+    if (a.buf != ia)
+        free(a.buf);
+    if (d.buf != id)
+        free(d.buf);
+    if (!la || !ld) {
+        Py_XDECREF(la);
+        Py_XDECREF(ld);
+        return NULL;
+    }
+    return Py_BuildValue("(NNO)", la, ld, gm_pywalk_direct_ok() ? Py_True : Py_False);
 }
 
 static PyMethodDef methods[] = {
@@ -194,9 +228,11 @@ static PyMethodDef methods[] = {
      " -> (kept ptrs, blocked): allocate from a thread with no Python thread state"},
     {"hist_capture_without_gil", py_capture_without_gil, METH_O,
      "hist_capture_without_gil(level) -> id, captured with the GIL released first"},
-    {"hist_walk_only", py_walk_only, METH_O,
-     "hist_walk_only(n): walk the caller's frames n times through the public frame API "
-     "and record nothing (the floor of a capture, for benchmarks)"},
+    {"hist_walk_only", py_walk_only, METH_VARARGS,
+     "hist_walk_only(n, direct=False): walk the caller's frames n times (the public frame API,"
+     " or the direct walk) and record nothing (the floor of a capture, for benchmarks)"},
+    {"hist_walks", py_walks, METH_VARARGS,
+     "hist_walks(cap=128) -> (api, direct, direct_used): the caller's frames by both walks"},
     {"hist_capture_in_c_thread", py_capture_in_c_thread, METH_VARARGS,
      "hist_capture_in_c_thread(level, timeout_s=5) -> (id, blocked): capture on a thread "
      "with no Python thread state while the caller holds the GIL"},

@@ -1,0 +1,195 @@
+"""The two Python frame walks of a stack capture (csrc/python/hist_pywalk.h)
+agree: CPython 3.11's direct _PyInterpreterFrame walk, which capture uses
+on 3.11, and the public C API walk, its fallback on every other version.
+
+Each test takes both walks from one place (testext.hist_walks, the test-only
+extension compiling the same header) and compares them frame by frame, and
+the public walk against the interpreter's own view (sys._getframe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+import testext
+
+DIRECT = sys.version_info[:2] == (3, 11)
+
+
+def interpreter_view(depth: int = 1) -> list:
+    """(code, byte offset) of the caller's frames, innermost first, from depth."""
+    out = []
+    f = sys._getframe(depth)
+    while f is not None:
+        out.append((f.f_code, f.f_lasti))
+        f = f.f_back
+    return out
+
+
+def walks(cap: int = 128):
+    api, direct, used = testext.hist_walks(cap)
+    return api, direct, used
+
+
+def check(api, direct, used, here):
+    assert used is DIRECT
+    assert direct == api
+    # api[0] is walks(); api[1] is `here`'s innermost frame, at another
+    # call; every frame outside it is at the same place.
+    assert api[0][0] is walks.__code__
+    assert [c for c, _ in api[1:]] == [c for c, _ in here]
+    assert api[2:] == here[1:]
+
+
+def test_plain_calls_at_depth():
+    def at_depth(n):
+        if n:
+            return at_depth(n - 1)
+        return walks(), interpreter_view(1)
+    (api, direct, used), here = at_depth(40)
+    assert len(api) >= 41
+    check(api, direct, used, here)
+
+
+def test_deep_stack_grows_the_buffer():
+    def at_depth(n):
+        return at_depth(n - 1) if n else (walks(cap=4), walks())
+    (a_small, d_small, _), (a_big, d_big, _) = at_depth(300)
+    assert len(a_small) > 300
+    assert d_small == a_small
+    assert [c for c, _ in d_small] == [c for c, _ in d_big]
+
+
+def test_generator_and_coroutine_frames():
+    def gen():
+        yield walks(), interpreter_view(1)
+
+    async def inner():
+        await asyncio.sleep(0)
+        return walks(), interpreter_view(1)
+
+    async def outer():
+        return await inner()
+
+    (api, direct, used), here = next(gen())
+    check(api, direct, used, here)
+    (api, direct, used), here = asyncio.run(outer())
+    assert {c.co_name for c, _ in api} >= {"inner", "outer"}
+    check(api, direct, used, here)
+
+
+def test_class_body_comprehension_lambda_and_c_reentry():
+    got = []
+
+    class Body:
+        got.append(([walks() for _ in range(1)][0], None))
+    got.append((sorted([2, 1], key=lambda x: got.append((walks(), None)) or x) and got[-1][0],
+                None))
+    got.append((list(map(lambda _: walks(), [0]))[0], None))
+    for (api, direct, used), _ in got:
+        assert used is DIRECT
+        assert direct == api
+        assert api and api[-1][0] is interpreter_view(0)[-1][0]  # the outermost frame
+
+
+def test_exec_and_a_frame_that_raised():
+    ns = {"walks": walks}
+    exec(compile("def f():\n    return walks()\nr = f()\n", "<gen>", "exec"), ns)
+    api, direct, used = ns["r"]
+    assert direct == api and api[1][0].co_filename == "<gen>"
+
+    def raising():
+        raise ValueError
+
+    try:
+        raising()
+    except ValueError:
+        api, direct, _ = walks()
+    assert direct == api
+
+
+@pytest.mark.skipif(not DIRECT, reason="the direct walk exists on CPython 3.11 only")
+def test_capture_uses_the_direct_walk_on_311():
+    _, _, used = walks()
+    assert used is True
+
+
+# ------------------------------------------ the last stack (Note [Last stack])
+
+def _frames_of(tb_id):
+    from gpumem import _C
+    return [(f["name"], f["line"]) for f in _C._hist_traceback(tb_id)]
+
+
+def test_repeated_and_alternating_stacks_keep_their_own_ids():
+    import threading
+
+    from gpumem import _C
+    from gpumem.recording import history
+    history.record_memory_history()
+    try:
+        def site_a():
+            return _C._hist_capture(1)
+
+        def site_b():
+            return _C._hist_capture(1)
+
+        other = []
+
+        def in_another_thread():
+            t = threading.Thread(target=lambda: other.append(site_a()))
+            t.start()
+            t.join()
+
+        ids = []
+        for i in range(4):
+            ids.append((site_a(), site_b()))
+            if i == 2:
+                in_another_thread()
+        # the same stack again (even right after another, or after another
+        # thread captured) is the same id
+        assert len(set(ids)) == 1
+        a, b = ids[0]
+        assert a != b
+        assert _frames_of(a)[0][0] == "site_a" and _frames_of(b)[0][0] == "site_b"
+        # one instruction apart: another id
+        c = _C._hist_capture(1); d = _C._hist_capture(1)  # noqa: E702
+        assert c != d
+        # the other thread's stack does not borrow this thread's
+        assert other[0] != a and _frames_of(other[0])[0][0] == "site_a"
+        assert "test_repeated_and_alternating_stacks_keep_their_own_ids" not in [
+            n for n, _ in _frames_of(other[0])]
+    finally:
+        history.record_memory_history(None)
+
+
+def test_stacks_captured_without_the_gil_are_the_stacks_of_the_moment():
+    """The GIL-released path (torch's, around allocations and frees) reuses
+    a last stack only when every frame matches: six sites in turn (more
+    than a thread keeps), each capture naming its own site and line."""
+    from gpumem import _C
+    from gpumem.recording import history
+    history.record_memory_history()
+    try:
+        def make_site(k):
+            ns = {"cap": testext.hist_capture_without_gil}
+            exec(compile(f"def site_{k}():\n    return cap(1)\n", f"<site {k}>", "exec"), ns)
+            return ns[f"site_{k}"]
+
+        sites = [make_site(k) for k in range(6)]
+        rounds = [[site() for site in sites] for _ in range(3)]
+        assert rounds[0] == rounds[1] == rounds[2]
+        assert len(set(rounds[0])) == 6
+        for k, tb in enumerate(rounds[0]):
+            frames = _C._hist_traceback(tb)
+            assert (frames[0]["name"], frames[0]["filename"]) == (f"site_{k}", f"<site {k}>")
+        # deeper by one frame: another stack, found without a stale match
+        assert (lambda: sites[0]())() not in rounds[0]
+        # with the GIL and without it: one id for one stack
+        both = [(sites[1](), _C._hist_capture(1)) for _ in range(2)]
+        assert both[0] == both[1]
+    finally:
+        history.record_memory_history(None)
