@@ -209,13 +209,14 @@ def _parse_max_split(t: _Tokens) -> int:
     t.expect(":", "max_split_size_mb", _MS_FORM)
     v = t.value("max_split_size_mb", _MS_FORM)
     n = parse_uint(v, _MAX_U64)
-    if n is not None and n < _MIN_SPLIT_MB:   # torch's own refusal, in its words
+    if n is None or n < _MIN_SPLIT_MB:
+        # torch's own refusal of a small number, in its words, then what it takes
+        words = (f"max_split_size_mb too small, must be >= {_MIN_SPLIT_MB}: " if n is not None
+                 else "")
         raise _bad("max_split_size_mb", _short(v),
-                   f"max_split_size_mb too small, must be >= {_MIN_SPLIT_MB}")
-    if n is None:
-        raise _bad("max_split_size_mb", _short(v),
-                   f"it must be an integer number of MiB, at least {_MIN_SPLIT_MB} and below "
-                   f"2**64, in ASCII digits without a sign (2**43 or more means no limit)")
+                   words + f"it must be an integer number of MiB, at least {_MIN_SPLIT_MB} "
+                   f"and below 2**64, in ASCII digits without a sign (2**43 or more means no "
+                   f"limit)")
     return min(n, MAX_SPLIT_MB) * MiB
 
 
