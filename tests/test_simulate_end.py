@@ -89,8 +89,13 @@ import os, time, torch
 local = int(os.environ["LOCAL_RANK"])
 torch.cuda.set_device(local)
 x = torch.empty((1 + local) << 28, dtype=torch.uint8, device="cuda")
+ready = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank0_allocated")
 if local == 1:
+    deadline = time.monotonic() + 60   # rank 0 must have allocated before rank 1 fails
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
     raise ValueError("rank one gives up")   # END
+open(ready, "w").close()
 time.sleep(120)   # rank 0 waits: the launcher stops it
 '''
 
