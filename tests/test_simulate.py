@@ -82,7 +82,13 @@ def test_exit_status_is_the_scripts_and_json_report(tmp_path):
     assert report["fits"] is None and "did not exit normally" in report["fits_reason"]
     assert report["snapshots"] == [] and "did not exit normally" in report["errors"][0]
     no_torch = run_simulate(tmp_path, "import sys; sys.exit(4)", "--json", expect_rc=4)
-    assert json.loads(no_torch.stdout)["fits_reason"] == "the command never imported torch"
+    # a command that failed before measuring anything is a failed run, never "unknown"
+    failed = json.loads(no_torch.stdout)
+    assert failed["verdict"] == "failed" and failed["fits"] is None, failed
+    assert failed["fits_reason"].startswith("the command exited with status 4 before any CUDA "
+                                            "memory was measured"), failed
+    ok = run_simulate(tmp_path, "pass", "--json")
+    assert json.loads(ok.stdout)["fits_reason"] == "the command never imported torch"
 
 
 @pytest.mark.parametrize("var, value, words", [

@@ -331,6 +331,10 @@ def _report(cmd: list[str], rc: int, memory: int, devices: int, out: str, procs:
     elif unrecorded:
         fits, why = None, (f"gpumem could not be installed in {len(unrecorded)} process(es) "
                            "using torch, so their memory was not measured")
+    elif rc != 0 and not rows:   # failed before anything was measured: never "unknown"
+        fits, verdict = None, "failed"
+        why = (f"the command exited with status {rc} before any CUDA memory was measured; "
+               "its error is above")
     elif not rows:
         fits, why = None, ("no CUDA memory was used" if procs else
                            "torch's CUDA build is missing, see above" if missing else
