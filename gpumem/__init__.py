@@ -29,7 +29,8 @@ GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
   _C (the extension), _format, _conf (allocator settings), _atomic (file writes)
   _rank (per-rank file names)
   categories.classify, snapshots.pickle_scan, snapshots.origin, pytorch.shim_state,
-      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun
+      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun, sim.knob,
+      sim.boundary
   categories.report, categories.tagger, snapshots.unpickle, checkup.selftest, sim
   snapshots.sites, recording.history, sim.rank_report, sim.__main__
   snapshots.timeline, recording.oom, pytorch.stats
@@ -39,6 +40,7 @@ GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
   sim.child
   sim.outcome
   sim.command
+  sim.fit
   cli
   __main__
 """

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from gpumem._conf import ConfError, parse_uint
 from gpumem._format import format_bytes
 from gpumem.pytorch import shim_build as _shim_build
-from gpumem.sim import command as _simulate
+from gpumem.sim import command as _simulate, fit as _fit
 from gpumem.checkup.doctor import (HELP as _DOCTOR_HELP, add_arguments as _add_doctor_args,
                                    run as _run_doctor)
 from gpumem.sim import SimError, parse_size
@@ -454,6 +454,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
     "diff": ("what grew between two snapshots, by allocation site (the leak finder)",
              _add_diff_args, _run_diff),
     "simulate": (_simulate.HELP, _simulate.add_arguments, _simulate.run),
+    "fit": (_fit.HELP, _fit.add_arguments, _fit.run),
     "doctor": (_DOCTOR_HELP, _add_doctor_args, _run_doctor),
     "build-shim": _shim_build.CLI_COMMAND,
 }

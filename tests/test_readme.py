@@ -85,6 +85,8 @@ COMPILED = ["gpumem simulate --gpu L4 -- python examples/compiled_fit.py --mode 
 RANKS = ["gpumem simulate --nproc-per-node 2 --out /tmp/gpumem_ranks -- examples/per_rank.py "
          "--backend nccl --out /tmp/gpumem_ranks/per_rank.pickle",
          "gpumem summary /tmp/gpumem_ranks"]
+FIT = ["gpumem fit --memory 2GiB --vary batch-size=1..64 -- python examples/batch_fit.py "
+       "--batch-size 8"]
 FAST_TIER = ['python -m pytest -q -m "not slow" tests']
 DOCTOR = ["gpumem doctor"]
 GPU_SUITE = [
@@ -98,14 +100,14 @@ BENCHMARKS_PREFIX = "python benchmarks/"
 def test_every_readme_command_is_covered():
     commands = readme_commands()
     covered = set(BY_CI) | set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) | set(DOCTOR)
-    covered |= set(GPU_SUITE) | set(COMPILED) | set(RANKS)
+    covered |= set(GPU_SUITE) | set(COMPILED) | set(RANKS) | set(FIT)
     stray = [c for c in commands if c not in covered and not c.startswith(BENCHMARKS_PREFIX)]
     assert stray == [], f"README commands no test runs: {stray}"
     assert [c for c in commands if c in BY_CI] == list(BY_CI)   # one set-up, one test command
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert all(c in ci for c in BY_CI), ci
     assert set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) | set(DOCTOR) | set(GPU_SUITE) \
-        | set(COMPILED) | set(RANKS) <= set(commands)
+        | set(COMPILED) | set(RANKS) | set(FIT) <= set(commands)
 
 
 def test_setup_installs_what_a_simulated_run_needs():
@@ -263,6 +265,18 @@ def test_ranks_as_written(clone):
     summary = run(clone, RANKS[1]).stdout
     assert "snapshot_rank0.pickle" in summary and "snapshot_rank1.pickle" in summary, summary
     assert "examples/per_rank.py:" in summary, summary
+
+
+@pytest.mark.slow
+def test_fit_as_written(clone):
+    """The README's largest batch: the boundary and the probe count it states."""
+    out = run(clone, FIT[0]).stdout
+    m = re.search(r"the largest batch-size that fits is (\d+) \((\d+) does not\), (\d+) probes",
+                  out)
+    assert m, out
+    said = re.search(r"largest batch-size that fits is (\d+) \((\d+) does not\), (\d+) probes",
+                     README.read_text())
+    assert said and said.groups() == m.groups(), (said and said.groups(), out)
 
 
 @pytest.mark.slow

@@ -43,12 +43,15 @@ kept up to date); else gpumem/sim/_lib/ (built by setup.py at install time).
 
 The launcher's modules, bottom to top:
   gpus         the GPU models --gpu names (memory size, compute capability)
+  knob         gpumem fit --vary: where the knob's value enters the command
+  boundary     gpumem fit's search: N fits, N + 1 does not
   __init__     this module: the environment and the launcher, run_snippet
   torchrun     --nproc-per-node: the elastic launcher's command, the device count
   rank_report  the per-rank lines of gpumem simulate's report
   child        what runs inside each Python process of a gpumem simulate run
   outcome      how each process of a run ended: failed, stopped, or finished
   command      gpumem simulate: run a script, report its peak, write the snapshot
+  fit          gpumem fit: the largest value of a knob that fits, a probe per value
   __main__     python -m gpumem.sim
 """
 
