@@ -296,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
             t0 = time.monotonic()
             rows: dict[int, dict] = {}
 
-            def probe(value: int, model=model, memory=memory) -> bool:
+            def probe(value: int, model=model, memory=memory) -> tuple[bool, Optional[int]]:
                 row = rows[value] = runner.probe(model, memory, value)
                 if row["fits"] is None:
                     raise boundary.Stop(row["error"])
