@@ -29,9 +29,10 @@ GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
   _C (the extension), _format, _conf (allocator settings), _atomic (file writes)
   _rank (per-rank file names)
   categories.classify, snapshots.pickle_scan, snapshots.origin, pytorch.shim_state,
-      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun, sim.knob,
+      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun, sim.config_key,
       sim.boundary
-  categories.report, categories.tagger, snapshots.unpickle, checkup.selftest, sim
+  categories.report, categories.tagger, snapshots.unpickle, checkup.selftest, sim,
+      sim.knob
   snapshots.sites, recording.history, sim.rank_report, sim.__main__
   snapshots.timeline, recording.oom, pytorch.stats
   snapshots.summary, snapshots.replay, pytorch.installer

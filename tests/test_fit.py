@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from gpumem.cli import main
-from gpumem.sim import boundary, fit, knob as sim_knob
+from gpumem.sim import boundary, config_key, fit, knob as sim_knob
 from torch_helpers import ROOT, _env, built_shim
 
 GiB = 1 << 30
@@ -156,6 +156,76 @@ def test_knob_not_in_the_command_is_refused():
             sim_knob.locate(sim_knob.parse(spec), cmd)
     with pytest.raises(sim_knob.KnobError, match="has no value after it"):
         sim_knob.locate(sim_knob.parse("batch-size=1..8"), ["t.py", "--batch-size", "--x"])
+
+
+TOML = """\
+# torchtitan-like
+[job]
+dump_folder = "./out"   # a = 3
+
+[training]
+local_batch_size = 8   # per rank
+seq_len = 2048
+steps = 10
+
+[training.extra]
+local_batch_size = 99
+"""
+YAML = """\
+model:
+  dim: 512
+training:
+  # per rank
+  batch_size: 8  # sequences
+  nested:
+    batch_size: 99
+batch_size: 77
+"""
+
+
+@pytest.mark.parametrize("suffix,text", [(".toml", TOML), (".yaml", YAML),
+                                         (".json", json.dumps({"training": {"batch_size": 8},
+                                                               "batch_size": 77}))])
+def test_config_keys_read_and_set_leaving_the_rest(suffix, text):
+    key = "training.local_batch_size" if suffix == ".toml" else "training.batch_size"
+    path = "cfg" + suffix
+    assert config_key.read(text, path, key) == 8
+    new = config_key.write(text, path, key, 48)
+    assert config_key.read(new, path, key) == 48
+    if suffix != ".json":   # one line changed, byte for byte elsewhere
+        diff = [(a, b) for a, b in zip(text.splitlines(), new.splitlines()) if a != b]
+        assert len(diff) == 1 and len(text.splitlines()) == len(new.splitlines()), diff
+        assert diff[0][1] == diff[0][0].replace("8", "48", 1), diff
+    other = "training.extra.local_batch_size" if suffix == ".toml" else "batch_size"
+    if suffix == ".yaml":
+        other = "training.nested.batch_size"
+    if suffix != ".json":
+        assert config_key.read(new, path, other) == 99
+    for missing in ("training.nope", "job.dump_folder", "model"):
+        with pytest.raises(config_key.ConfigKeyError):
+            config_key.read(text, path, missing)
+
+
+def test_config_file_knob_writes_a_copy_into_the_probe_folder(tmp_path):
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(TOML)
+    k = sim_knob.parse(f"{cfg}:training.local_batch_size=1..64")
+    assert (k.kind, k.name, k.file) == ("file", "training.local_batch_size", str(cfg))
+    cmd = ["python", "t.py", f"--job.config_file={cfg}"]
+    assert sim_knob.locate(k, cmd) == f"training.local_batch_size = 8 in {cfg}"
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    new_cmd, _ = sim_knob.apply(k, cmd, {}, 24, str(probe))
+    assert new_cmd == ["python", "t.py", f"--job.config_file={probe / 'train.toml'}"]
+    assert config_key.read((probe / "train.toml").read_text(), "x.toml",
+                           "training.local_batch_size") == 24
+    assert cfg.read_text() == TOML                                   # the user's file is kept
+    with pytest.raises(sim_knob.KnobError, match="is not in the command"):
+        sim_knob.locate(k, ["python", "t.py"])
+    with pytest.raises(sim_knob.KnobError, match="no line setting training.nope"):
+        sim_knob.locate(sim_knob.parse(f"{cfg}:training.nope=1..4"), cmd)
+    with pytest.raises(sim_knob.KnobError, match="cannot read the config file"):
+        sim_knob.locate(sim_knob.parse("missing.yaml:a=1..4"), ["t.py", "missing.yaml"])
 
 
 # ------------------------------------------------------------------ a probe's verdict
@@ -303,3 +373,23 @@ def test_a_probe_failing_for_another_reason_stops_the_search(tmp_path):
     assert "the probe at $BLOCKS=8 failed (not out of memory)" in last, proc.stdout
     assert "ValueError: no config for 8 blocks" in last and f"{script}:5" in last, last
     assert "before it, $BLOCKS=1 fits" in last
+
+
+@pytest.mark.slow
+def test_a_config_file_key_on_two_gpu_models(tmp_path):
+    """A TOML key varied, on two models of different memory, in one table."""
+    built_shim()
+    (tmp_path / "run.toml").write_text("[data]\ngib = 1\n")
+    script = tmp_path / "t.py"
+    script.write_text("import sys, tomllib, torch\n"
+                      "gib = tomllib.load(open(sys.argv[2], 'rb'))['data']['gib']\n"
+                      "x = torch.empty(gib << 30, dtype=torch.uint8, device='cuda')\n")
+    proc = _gpumem("fit", "--gpu", "L4", "--gpu", "A100-SXM-40GB", "--vary",
+                   f"{tmp_path / 'run.toml'}:data.gib=1..64", "--out", str(tmp_path / "fit"),
+                   "--", sys.executable, str(script), "--config", str(tmp_path / "run.toml"))
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    # 24 GiB less L4's 338 MiB context holds 23 GiB; 40 GiB less A100's 466 MiB, 39
+    assert "on L4 (24 GiB): the largest data.gib that fits is 23 (24 does not)" in proc.stdout
+    assert "on A100-SXM-40GB (40 GiB): the largest data.gib that fits is 39 (40 does not)" \
+        in proc.stdout, proc.stdout
+    assert (tmp_path / "run.toml").read_text() == "[data]\ngib = 1\n"

@@ -43,6 +43,7 @@ kept up to date); else gpumem/sim/_lib/ (built by setup.py at install time).
 
 The launcher's modules, bottom to top:
   gpus         the GPU models --gpu names (memory size, compute capability)
+  config_key   gpumem fit --vary FILE:KEY: a whole-number key of a config file
   knob         gpumem fit --vary: where the knob's value enters the command
   boundary     gpumem fit's search: N fits, N + 1 does not
   __init__     this module: the environment and the launcher, run_snippet

@@ -2,7 +2,8 @@
 
     gpumem fit [--gpu MODEL ...|--memory SIZE] --vary KNOB=LO..HI [--json] [--out DIR] -- COMMAND
 
-The knob is a name, a flag or an environment variable (gpumem/sim/knob.py
+The knob is a name, a flag, an environment variable or a config file's key
+(gpumem/sim/knob.py
 says how each enters the command); the search is gpumem/sim/boundary.py's
 bisection.  Each probe is ``gpumem simulate --no-view --out DIR/<gpu>/<value>``
 (gpumem/sim/command.py, run as a child process) with the knob set, on a
@@ -59,8 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vary", required=True, metavar="KNOB=LO..HI",
                    help="the knob and its range of whole numbers: NAME=LO..HI (the command's "
                         "{NAME} placeholders, NAME=V arguments and --NAME V flags, '-' and '_' "
-                        "alike), --vary=--FLAG=LO..HI (only that flag), or env:VAR=LO..HI (an "
-                        "environment variable)")
+                        "alike), --vary=--FLAG=LO..HI (only that flag), env:VAR=LO..HI (an "
+                        "environment variable), or FILE:KEY=LO..HI (a dotted key of a .toml, "
+                        ".yaml or .json file the command names; each probe gets a copy)")
     p.add_argument("--gpu", action="append", metavar="MODEL",
                    help=f"a GPU model to search on; repeat it for several (default "
                         f"{sim_gpus.DEFAULT}; one of {sim_gpus.names_line()})")
@@ -72,8 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=_count, default=None, metavar="N",
                    help="passed to gpumem simulate: run the command on N ranks (torchrun)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="where each probe's run goes, DIR/<gpu>/<knob>-<value>/, and fit.json (default: "
-                        "a new folder under the user's cache, as gpumem simulate's)")
+                   help="where each probe's run goes, DIR/<gpu>/<knob>-<value>/, and "
+                        "fit.json (default: a new folder under the user's cache, as gpumem "
+                        "simulate's)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the command, holding the knob: python train.py --batch-size 8")
@@ -116,7 +119,7 @@ class _Runner:
             raise _Stopped()
         where = os.path.join(self.out, model.key, f"{_slug(self.knob.name)}-{value}")
         os.makedirs(where, exist_ok=True)
-        cmd, env = sim_knob.apply(self.knob, self.cmd, dict(os.environ), value)
+        cmd, env = sim_knob.apply(self.knob, self.cmd, dict(os.environ), value, where)
         argv = [sys.executable, "-m", "gpumem.sim.command", "--gpu", model.key,
                 "--memory", str(memory), "--out", where, "--no-view", *self.sim_args, "--", *cmd]
         start = time.monotonic()
