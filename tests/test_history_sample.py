@@ -229,3 +229,27 @@ def test_recorder_restores_the_mode(tmp_path, monkeypatch):
     assert history.recording_config()["sample"] is False
     snap = pickle.loads((tmp_path / "m.pickle").read_bytes())
     assert snap[_sampling.SNAPSHOT_KEY]["seed"] == 5
+
+
+def test_threads_sample_on_their_own_counters():
+    """Each thread counts down its own bytes (no lock on the allocation path):
+    four threads together are sampled at the single-thread rate."""
+    import threading
+    a = gpumem.Allocator(backend="virtual")
+    history.record_memory_history("all", "alloc", sample="mean:32KiB,seed:6")
+    ptrs: list[list[int]] = [[] for _ in range(4)]
+
+    def work(k):
+        for _ in range(1500):
+            ptrs[k].append(small_site(a, 8 * KiB))
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    allocs = [e for e in history.snapshot()["device_traces"][0] if e["action"] == "alloc"]
+    for p in (p for ps in ptrs for p in ps):
+        a.free(p)
+    assert len(allocs) == 6000
+    p = 1 - 2.718281828459045 ** (-8 / 32)   # 0.221
+    assert abs(sum(1 for e in allocs if e.get("frames")) / 6000 - p) < 0.04
