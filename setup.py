@@ -120,7 +120,7 @@ def _extension():
         define_macros=macros,
         extra_compile_args=compile_args,
         extra_link_args=link_args,
-        libraries=["pthread", "dl"],
+        libraries=["pthread", "dl", "m"],
     )
 
 

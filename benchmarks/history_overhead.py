@@ -39,6 +39,14 @@ categories (gpumem's process only): categories_overhead_us_per_alloc, the
     step), and that difference per allocation of the step
     (categories_us_per_alloc_in_training); steps are timed in CPU time of
     the process, in alternating blocks of 10, 2 x --repeats per mode.
+sampled (gpumem's sampled mode, sample=True: stacks for every allocation
+    of 1 MiB or more, sampled by bytes below, mean interval 512 KiB):
+    overhead_us_per_alloc on the pairs above (half of their sizes are at
+    or above the threshold, so half are captured), its ratio to torch's
+    record_overhead_us_per_alloc (target <= 0.10) and to gpumem's full
+    mode; train_us_per_alloc: the Transformer step's time with recording
+    over the step with recording off, per allocation of the step, in both
+    processes (torch and gpumem context='all', gpumem sampled).
 snapshot_dump_s / snapshot_bytes: torch.cuda.memory._dump_snapshot() of a
     history holding --events trace entries (max_entries=--events, filled
     past the bound by a workload with several call sites at the same depth
@@ -46,7 +54,9 @@ snapshot_dump_s / snapshot_bytes: torch.cuda.memory._dump_snapshot() of a
     time is the median of --repeats dumps of the same history;
     first_dump_s is the first of them (torch symbolizes its frames then).
 
-With --processes N each configuration runs N times (alternately) and the
+With --clock thread the pairs are timed in the thread's CPU time instead
+of wall-clock time (on a machine other processes load). With --processes N
+each configuration runs N times (alternately) and the
 figures are medians over processes. Targets (issue 6): gpumem's overhead
 <= 0.33 x torch's, dump time <= 0.5 x torch's, file size <= torch's.
 """
@@ -70,6 +80,9 @@ import functools, json, os, pickle, statistics, sys, tempfile, time
 import torch
 which, depth, iters, events, repeats = sys.argv[1], *map(int, sys.argv[2:6])
 tests_dir = sys.argv[6]  # tests/: testext, the test-only extension (built by main())
+# --clock thread: the pairs are timed in this thread's CPU time, which
+# preemption by other processes on a shared machine does not inflate
+pair_clock = time.thread_time if sys.argv[7] == "thread" else time.perf_counter
 if which == "gpumem":
     import gpumem
     gpumem.install()
@@ -85,17 +98,21 @@ SIZES = [512, 4 << 10, 64 << 10, 1 << 20, 3 << 20, 16 << 20]
 seq = [SIZES[i % len(SIZES)] for i in range(iters)]
 
 def pairs():
-    t0 = time.perf_counter()
+    t0 = pair_clock()
     for n in seq:
         t = torch.empty(n, dtype=torch.uint8, device="cuda")
         del t
-    return (time.perf_counter() - t0) / iters * 1e6
+    return (pair_clock() - t0) / iters * 1e6
 
 def record(context, max_entries=events):
     """context: False (recording off), or torch's context= value; "categories":
-    context='all' with gpumem's categories on."""
+    context='all' with gpumem's categories on; "sampled": context='all' in
+    gpumem's sampled mode (sample=True: its defaults)."""
     mem._record_memory_history(None)
-    if context == "categories":
+    if context == "sampled":
+        mem._record_memory_history("all", context="all", stacks="python",
+                                   max_entries=max_entries, sample=True)
+    elif context == "categories":
         gpumem.recording.history.record_memory_history("all", "all", "python", max_entries,
                                              categories=True)
     elif context is not False:
@@ -112,6 +129,7 @@ torch.cuda.synchronize()
 MODES = {"off": False, "events_only": None, "alloc_stack": "state", "all": "all"}
 if which == "gpumem":
     MODES["categories"] = "categories"
+    MODES["sampled"] = "sampled"
 runs = {m: [] for m in MODES}
 for r in range(repeats + 1):
     for m, context in MODES.items():
@@ -122,47 +140,57 @@ for r in range(repeats + 1):
 record(False)
 off, on = runs["off"], runs["all"]
 breakdown = {m: statistics.median(runs[m]) - statistics.median(off)
-             for m in ("events_only", "alloc_stack")}
+             for m in ("events_only", "alloc_stack") + (("sampled",) if which == "gpumem" else ())}
 
-# --- categories (gpumem only): the pairs above with categories on, and a
-# small Transformer + AdamW training step (where the hooks run: a few per
-# step), recording with and without them.
+# --- a small Transformer (2 layers, d_model 64) + AdamW training step, in
+# both processes: recording off, context='all', and in gpumem's process
+# also with categories and in the sampled mode; the per-allocation cost of
+# each mode in training is its step time over off's, per allocation of the
+# step. The categories figures compare categories with 'all' (where the
+# hooks run: a few per step).
+sys.path.insert(0, tests_dir)
+from torch_helpers import TRANSFORMER   # make_model(): 2 layers, d_model 64, AdamW
+exec(TRANSFORMER)
+model, opt = make_model()
+x = torch.randn(8, 16, 64, device="cuda")
+def train(n):
+    # CPU time of this process (all its threads: autograd's too), which
+    # other processes on a shared machine disturb less than wall time;
+    # on the simulated GPU a step is all CPU work
+    t0 = time.process_time()
+    for _ in range(n):
+        model(x).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return (time.process_time() - t0) / n * 1e6
+step_runs = {"off": [], "all": []}
+if which == "gpumem":
+    step_runs.update(categories=[], sampled=[])
+record("all")
+train(3)
+n0 = torch.cuda.memory_stats()["allocation.all.allocated"]
+train(1)
+allocs_per_step = torch.cuda.memory_stats()["allocation.all.allocated"] - n0
+for r in range(2 * repeats + 1):    # short blocks, alternating
+    for m in step_runs:
+        record(False if m == "off" else m)
+        v = train(10)
+        if r:
+            step_runs[m].append(v)
+record(False)
+# The model, its optimizer state and its cached blocks go before the
+# dump below, so both processes dump the same history and segments.
+del model, opt, x
+torch.cuda.empty_cache()
+med = {m: statistics.median(v) for m, v in step_runs.items()}
+training = {"train_allocs_per_step": allocs_per_step, "train_step_us_off": med["off"],
+            "train_step_us_recording": med["all"],
+            "train_us_per_alloc_all": (med["all"] - med["off"]) / allocs_per_step}
 categories = {}
 if which == "gpumem":
-    sys.path.insert(0, tests_dir)
-    from torch_helpers import TRANSFORMER   # make_model(): 2 layers, d_model 64, AdamW
-    exec(TRANSFORMER)
-    model, opt = make_model()
-    x = torch.randn(8, 16, 64, device="cuda")
-    def train(n):
-        # CPU time of this process (all its threads: autograd's too), which
-        # other processes on a shared machine disturb less than wall time;
-        # on the simulated GPU a step is all CPU work
-        t0 = time.process_time()
-        for _ in range(n):
-            model(x).float().pow(2).mean().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        return (time.process_time() - t0) / n * 1e6
-    step_runs = {"all": [], "categories": []}
-    record("all")
-    train(3)
-    n0 = torch.cuda.memory_stats()["allocation.all.allocated"]
-    train(1)
-    allocs_per_step = torch.cuda.memory_stats()["allocation.all.allocated"] - n0
-    for r in range(2 * repeats + 1):    # short blocks, alternating
-        for m in step_runs:
-            record(m)
-            v = train(10)
-            if r:
-                step_runs[m].append(v)
-    record(False)
-    # The model, its optimizer state and its cached blocks go before the
-    # dump below, so both processes dump the same history and segments.
-    del model, opt, x
-    torch.cuda.empty_cache()
-    med = {m: statistics.median(v) for m, v in step_runs.items()}
+    training.update(train_step_us_sampled=med["sampled"],
+                    train_us_per_alloc_sampled=(med["sampled"] - med["off"]) / allocs_per_step)
     categories = {
         "categories_overhead_us_per_alloc":
             statistics.median(runs["categories"]) - statistics.median(on),
@@ -270,6 +298,8 @@ print(json.dumps({
     "off_runs_us": off, "on_runs_us": on,
     "overhead_events_only_us": breakdown["events_only"],
     "overhead_alloc_stack_us": breakdown["alloc_stack"],
+    **({"sampled_overhead_us_per_alloc": breakdown["sampled"],
+        "sampled_runs_us": runs["sampled"]} if which == "gpumem" else {}),
     "capture_us_at_depth": capd, "capture_us_at_depth0": cap0,
     "capture_ns_per_frame": (capd - cap0) / depth * 1e3 if depth else None,
     "gil_round_trip_us": gil,
@@ -281,7 +311,7 @@ print(json.dumps({
     "snapshot_dump_s": statistics.median(dumps), "dump_runs_s": dumps,
     "first_dump_s": dumps[0],
     "snapshot_bytes": size, "snapshot_events": n_events,
-    "frames_per_event": n_frames / max(n_events, 1), **categories}))
+    "frames_per_event": n_frames / max(n_events, 1), **training, **categories}))
 sys.stdout.flush()
 os._exit(0)   # skip interpreter teardown
 '''
@@ -291,13 +321,14 @@ CATEGORY_METRICS = ("categories_overhead_us_per_alloc", "categories_pair_ratio",
                     "train_allocs_per_step", "categories_us_per_alloc_in_training")
 METRICS = ("record_overhead_us_per_alloc", "snapshot_dump_s", "snapshot_bytes")
 TARGETS = {"record_overhead_us_per_alloc": 0.33, "snapshot_dump_s": 0.5, "snapshot_bytes": 1.0}
+SAMPLED_TARGET = 0.10   # issue 32: the sampled mode per allocation, x torch's recorder
 
 
 def run_one(which: str, args) -> dict:
     rc, out, err = sim.run_snippet(
         textwrap.dedent(SNIPPET),
         args=[which, str(args.depth), str(args.iters), str(args.events), str(args.repeats),
-              str(ROOT / "tests")],
+              str(ROOT / "tests"), args.clock],
         timeout=900)
     if rc != 0:
         raise SystemExit(f"{which} run failed (exit {rc}):\n{err[-4000:]}")
@@ -312,6 +343,9 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=30, help="Python frames below the loop")
     ap.add_argument("--iters", type=int, default=20000, help="allocations per timed run")
     ap.add_argument("--events", type=int, default=100_000, help="trace entries dumped")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="time the pairs in wall-clock time (default) or in the thread's CPU "
+                         "time (for a loaded machine)")
     args = ap.parse_args(argv)
     # Build the shim, the fake libraries and the test-only extension before
     # anything is timed.
@@ -342,6 +376,27 @@ def main(argv=None) -> int:
         result[m] = entry
     result["categories"] = {m: statistics.median(r[m] for r in runs["gpumem"])
                             for m in CATEGORY_METRICS}
+    # The sampled mode (gpumem only) against torch's recorder (context='all')
+    # and gpumem's full mode, on the pairs and per allocation of a step.
+    t_all = result["record_overhead_us_per_alloc"]["torch"]
+    g_smp = statistics.median(r["sampled_overhead_us_per_alloc"] for r in runs["gpumem"])
+    t_train = statistics.median(r["train_us_per_alloc_all"] for r in runs["torch"])
+    g_train = statistics.median(r["train_us_per_alloc_all"] for r in runs["gpumem"])
+    g_train_smp = statistics.median(r["train_us_per_alloc_sampled"] for r in runs["gpumem"])
+    result["sampled"] = {
+        "overhead_us_per_alloc": g_smp, "ratio_to_torch": g_smp / t_all if t_all > 0 else None,
+        "ratio_to_gpumem_full": (g_smp / result["record_overhead_us_per_alloc"]["gpumem"]
+                                 if result["record_overhead_us_per_alloc"]["gpumem"] > 0
+                                 else None),
+        "target_ratio": SAMPLED_TARGET,
+        "train_allocs_per_step": statistics.median(r["train_allocs_per_step"]
+                                                   for r in runs["gpumem"]),
+        "train_us_per_alloc": {"torch_all": t_train, "gpumem_all": g_train,
+                               "gpumem_sampled": g_train_smp},
+        "train_ratio_to_torch": g_train_smp / t_train if t_train > 0 else None,
+    }
+    result["sampled"]["met"] = (result["sampled"]["ratio_to_torch"] is not None
+                                and result["sampled"]["ratio_to_torch"] <= SAMPLED_TARGET)
     result["runs"] = runs
     if args.json:
         print(json.dumps(result, indent=1))
@@ -355,6 +410,13 @@ def main(argv=None) -> int:
         target = f"<={r['target_ratio']}" if "target_ratio" in r else ""
         ratio = f"{r['ratio']:>8.3f}" if r["ratio"] is not None else f"{'':>8}"
         print(f"{m:<30}{r['torch']:>14.4g}{r['gpumem']:>14.4g}{ratio}{target:>8}")
+    smp = result["sampled"]
+    print(f"{'sampled_overhead_us_per_alloc':<30}{'':>14}{smp['overhead_us_per_alloc']:>14.4g}"
+          f"{smp['ratio_to_torch']:>8.3f}{'<=' + str(SAMPLED_TARGET):>8}")
+    tr = smp["train_us_per_alloc"]
+    print(f"{'train_us_per_alloc (all)':<30}{tr['torch_all']:>14.4g}{tr['gpumem_all']:>14.4g}")
+    print(f"{'train_us_per_alloc (sampled)':<30}{'':>14}{tr['gpumem_sampled']:>14.4g}"
+          f"{smp['train_ratio_to_torch']:>8.3f}")
     return 0
 
 

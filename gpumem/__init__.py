@@ -27,7 +27,7 @@ in the subpackages' docstrings: snapshots (read, analyse, view, replay),
 recording, pytorch (gpumem inside torch), categories, sim (the simulated
 GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
   _C (the extension), _format, _conf (allocator settings), _atomic (file writes)
-  _rank (per-rank file names)
+  _rank (per-rank file names), _sampling (the sampled mode's parameters and estimates)
   categories.classify, snapshots.pickle_scan, snapshots.origin, pytorch.shim_state,
       pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun, sim.config_key,
       sim.boundary

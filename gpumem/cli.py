@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from gpumem._conf import ConfError, parse_uint
 from gpumem._format import format_bytes
+from gpumem._sampling import describe as describe_sampling
 from gpumem.pytorch import shim_build as _shim_build
 from gpumem.sim import command as _simulate, fit as _fit
 from gpumem.checkup.doctor import (HELP as _DOCTOR_HELP, add_arguments as _add_doctor_args,
@@ -250,7 +251,9 @@ def _site_table(rows: list[dict], title: str, lines: list[str]) -> None:
     lines.append(f"  {title}:")
     lines.append(f"    {'bytes':>11}  {'count':>7}  site")
     for r in rows:
-        lines.append(f"    {format_bytes(r['bytes']):>11}  {r['count']:>7}  {_short_site(r['site'])}")
+        est = "~" if r.get("estimated") else ""   # a sampled site's estimate (gpumem._sampling)
+        lines.append(f"    {est + format_bytes(r['bytes']):>11}  {est + str(r['count']):>7}  "
+                     f"{_short_site(r['site'])}")
 
 
 def _pct(part: int, whole: int) -> str:
@@ -294,6 +297,8 @@ def _summary_device(d: dict) -> list[str]:
                    f"{_short_site(o['site'])}")
     if d.get("categories"):
         _category_table(d["categories"], out)
+    if d.get("sampling"):
+        out.append(f"  {describe_sampling(d['sampling'])}")
     label = "live at peak" if d["source"] == "trace" else "live at the snapshot"
     _site_table(d["top_live_at_peak"], f"top sites by bytes {label}", out)
     _site_table(d["top_total_allocated"], "top sites by total bytes allocated", out)
@@ -313,8 +318,9 @@ def _summary_device(d: dict) -> list[str]:
         if d["step_growth_sites"]:
             out.append("  grew from the end of the first step to the end of the last:")
             for r in d["step_growth_sites"][:5]:
-                out.append(f"    {_signed(r['delta_bytes']):>11}  {r['delta_count']:+7d}  "
-                           f"{_short_site(r['site'])}")
+                est = "~" if r.get("estimated") else ""
+                out.append(f"    {est + _signed(r['delta_bytes']):>11}  "
+                           f"{est + format(r['delta_count'], '+d'):>7}  {_short_site(r['site'])}")
     return out
 
 
@@ -384,9 +390,11 @@ def _add_diff_args(p: argparse.ArgumentParser) -> None:
 def _diff_rows(rows: list[dict], lines: list[str]) -> None:
     lines.append(f"  {'delta':>11} {'count':>7}  {'before':>19}  {'after':>19}  site")
     for r in rows:
-        before = f"{r['before_count']} / {format_bytes(r['before_bytes'])}"
-        after = f"{r['after_count']} / {format_bytes(r['after_bytes'])}"
-        lines.append(f"  {_signed(r['delta_bytes']):>11} {r['delta_count']:+7d}  {before:>19}  "
+        est = "~" if r.get("estimated") else ""   # a sampled site's estimate
+        before = f"{est}{r['before_count']} / {format_bytes(r['before_bytes'])}"
+        after = f"{est}{r['after_count']} / {format_bytes(r['after_bytes'])}"
+        lines.append(f"  {est + _signed(r['delta_bytes']):>11} "
+                     f"{est + format(r['delta_count'], '+d'):>7}  {before:>19}  "
                      f"{after:>19}  {_short_site(r['site'])}")
 
 
@@ -423,6 +431,9 @@ def _run_diff(args: argparse.Namespace) -> int:
              f"({format_bytes(la['bytes'])}), {_signed(la['bytes'] - lb['bytes'])}",
              f"reserved: {format_bytes(report['reserved_before'])} -> "
              f"{format_bytes(report['reserved_after'])}"]
+    for side, smp in (report.get("sampling") or {}).items():
+        if smp:
+            lines.append(f"{side}: {describe_sampling(smp)}")
     if report["grew"]:
         n = report["grew_total"]
         lines.append(f"grew ({n} site{'s' if n != 1 else ''}; live allocations by site, "

@@ -370,7 +370,7 @@ def test_torch_signatures_and_legacy_form():
     cfg = history.recording_config()
     assert cfg == {"enabled": "all", "context": "all", "stacks": "all",
                    "max_entries": sys.maxsize, "skip_actions": [],
-                   "categories": False}
+                   "categories": False, "sample": False}
     history._record_memory_history("state", "alloc", "python", 50, None, True)
     cfg = history.recording_config()
     assert (cfg["enabled"], cfg["context"], cfg["stacks"], cfg["max_entries"]) == (

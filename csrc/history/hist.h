@@ -51,6 +51,12 @@ typedef struct gm_hist_config {
     uint64_t max_entries; /* ring bound; forced to 1 by GM_HIST_STATE; 0 reads as 1 */
     int clear_history;    /* clear the rings when enabling */
     uint32_t skip_mask;   /* bit (1 << action) set: that action is not recorded */
+    /* appended: the sampled mode (sample.h; Note [Sampled recording]).
+     * sample_mean 0: every allocation's stack is captured. While sampling,
+     * frees capture no stack (context 'all' acts as 'alloc'). */
+    uint64_t sample_mean;
+    uint64_t sample_threshold;
+    uint64_t sample_seed;
 } gm_hist_config_t;
 
 /* Apply a configuration to every device. Turning recording off clears the
@@ -150,7 +156,7 @@ int gm_elfsyms_lookup(const char *path, uint64_t offset, const char **name, cons
 
 /* ---- entry points for the torch shim (also reachable through the
  * capsule gpumem._C._hist_api, for code outside this extension) ---- */
-#define GM_HIST_API_VERSION 2
+#define GM_HIST_API_VERSION 3
 /* A TorchScript frame as the torch shim finds it (strings borrowed). */
 typedef struct gm_script_frame {
     const char *name;
@@ -182,6 +188,10 @@ typedef struct gm_hist_api {
     uint32_t (*intern_string)(const char *s, size_t len);
     uint32_t (*thread_metadata)(void);
     int (*string_view)(uint32_t id, const char **s, size_t *len);
+    /* appended (version 3): whether an allocation of `size` bytes has its
+     * stack captured (1 unless the sampled mode leaves it out); call once
+     * per allocation, before capture, with no lock held. Lock-free. */
+    int (*sample)(size_t size);
 } gm_hist_api_t;
 
 #ifdef __cplusplus

@@ -32,6 +32,7 @@
 #include "clock.h"
 #include "hist.h"
 #include "ring.h"
+#include "sample.h"
 
 typedef struct reg {
     gm_alloc_t *alloc;
@@ -148,6 +149,7 @@ int gm_hist_configure(const gm_hist_config_t *cfg) {
         /* Hooks off first (waits for in-flight operations), then clear. */
         atomic_store(&cfg_enabled, GM_HIST_OFF);
         atomic_store(&cfg_context, GM_HIST_CTX_NEVER);
+        gm_hist_sampling_set(&(gm_hist_sampling_t){0, 0, 0});
         for (int d = 0; d < GM_HIST_MAX_DEVICES; d++)
             if (slots[d].owner)
                 install_hook_unlocked(slots[d].owner, 0);
@@ -165,7 +167,12 @@ int gm_hist_configure(const gm_hist_config_t *cfg) {
         }
         atomic_store(&cfg_skip_mask, cfg->skip_mask);
         atomic_store(&cfg_stacks_all, cfg->stacks_all ? 1 : 0);
-        atomic_store(&cfg_context, cfg->context);
+        gm_hist_sampling_set(&(gm_hist_sampling_t){cfg->sample_mean, cfg->sample_threshold,
+                                                    cfg->sample_seed});
+        /* Sampled: frees capture no stack (Note [Sampled recording]). */
+        atomic_store(&cfg_context, cfg->sample_mean && cfg->context > GM_HIST_CTX_ALLOC
+                                       ? GM_HIST_CTX_ALLOC
+                                       : cfg->context);
         int was_on = atomic_exchange(&cfg_enabled, cfg->enabled) != GM_HIST_OFF;
         if (!was_on)
             for (int d = 0; d < GM_HIST_MAX_DEVICES; d++)
@@ -186,6 +193,11 @@ void gm_hist_get_config(gm_hist_config_t *out) {
     out->stacks_all = atomic_load(&cfg_stacks_all);
     out->max_entries = cfg_max_entries;
     out->skip_mask = atomic_load(&cfg_skip_mask);
+    gm_hist_sampling_t smp;
+    gm_hist_sampling_get(&smp);
+    out->sample_mean = smp.mean_bytes;
+    out->sample_threshold = smp.threshold;
+    out->sample_seed = smp.seed;
     pthread_mutex_unlock(&registry_lock);
 }
 

@@ -237,9 +237,10 @@ static PyObject *Allocator_malloc(AllocatorObject *self, PyObject *args, PyObjec
         return NULL;
     if (size < 0)
         return gm_py_raise(GM_EINVAL, "size must be >= 0");
-    /* Stack captured before the allocator lock (torch: level STATE). */
+    /* Stack captured before the allocator lock (torch: level STATE), unless
+     * the sampled mode leaves this allocation out. */
     if (!ctx)
-        ctx = gm_hist_capture(GM_HIST_CTX_STATE);
+        ctx = gm_hist_capture_alloc((size_t)size);
     uintptr_t ptr = 0;
     gm_oom_info_t oom;
     int rc = gm_alloc_malloc(self->alloc, (size_t)size, (uintptr_t)stream, ctx, &ptr, &oom);

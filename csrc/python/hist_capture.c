@@ -39,6 +39,7 @@
 
 #include "../history/hist.h"
 #include "../history/intern.h"
+#include "../history/sample.h"
 #include "hist_capture.h"
 #include "hist_pywalk.h"
 
@@ -337,6 +338,12 @@ static uint32_t capture(int level, const gm_rawframe_t *lead, uint32_t nlead) {
 }
 
 uint32_t gm_hist_capture(int level) { return capture(level, NULL, 0); }
+
+uint32_t gm_hist_capture_alloc(size_t size) {
+    if (gm_hist_context_level() < GM_HIST_CTX_STATE || !gm_hist_sample(size))
+        return 0;
+    return capture(GM_HIST_CTX_STATE, NULL, 0);
+}
 
 uint32_t gm_hist_capture_script(int level, const gm_script_frame_t *script, uint32_t nscript) {
     enum { SCRIPT_MAX = 64 };

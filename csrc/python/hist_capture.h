@@ -17,6 +17,9 @@
  * traceback id for an operation at context level `level` (GM_HIST_CTX_*),
  * 0 when none. */
 uint32_t gm_hist_capture(int level);
+/* The stack of an allocation of `size` bytes (level STATE), or 0 when
+ * not recorded or left out by the sampled mode (history/sample.h). */
+uint32_t gm_hist_capture_alloc(size_t size);
 /* The same with TorchScript frames before the Python ones (hist.h). */
 uint32_t gm_hist_capture_script(int level, const gm_script_frame_t *script, uint32_t nscript);
 /* Add _C._hist_capture and the backward-context functions to module and

@@ -15,6 +15,7 @@
 
 #include "../history/hist.h"
 #include "../history/intern.h"
+#include "../history/sample.h"
 #include "errors.h"
 #include "hist_capture.h"
 #include "hist_frames.h"
@@ -218,15 +219,18 @@ static PyObject *py_traceback(PyObject *self, PyObject *arg) {
 /* ------------------------------------------------- configuration & misc */
 
 static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"enabled", "context", "stacks_all", "max_entries",
-                             "clear_history", "skip_mask", NULL};
+    static char *kwlist[] = {"enabled",     "context",          "stacks_all",  "max_entries",
+                             "clear_history", "skip_mask",      "sample_mean", "sample_threshold",
+                             "sample_seed", NULL};
     int enabled, context, stacks_all = 0, clear = 0;
-    unsigned long long max_entries = 1;
+    unsigned long long max_entries = 1, mean = 0, threshold = 0, seed = 0;
     unsigned int skip = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ii|pKpI", kwlist, &enabled, &context,
-                                     &stacks_all, &max_entries, &clear, &skip))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ii|pKpIKKK", kwlist, &enabled, &context,
+                                     &stacks_all, &max_entries, &clear, &skip, &mean, &threshold,
+                                     &seed))
         return NULL;
-    gm_hist_config_t cfg = {enabled, context, stacks_all, max_entries, clear, skip};
+    gm_hist_config_t cfg = {enabled, context, stacks_all, max_entries, clear,
+                            skip,    mean,    threshold,  seed};
     int rc = gm_hist_configure(&cfg);
     if (rc == GM_EINVAL)
         return gm_py_raise(rc, "enabled must be 0..2 and context 0..3");
@@ -238,9 +242,12 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kwargs) 
 static PyObject *py_config(PyObject *self, PyObject *unused) {
     gm_hist_config_t c;
     gm_hist_get_config(&c);
-    return Py_BuildValue("{s:i,s:i,s:O,s:K,s:I}", "enabled", c.enabled, "context", c.context,
-                         "stacks_all", c.stacks_all ? Py_True : Py_False, "max_entries",
-                         (unsigned long long)c.max_entries, "skip_mask", c.skip_mask);
+    return Py_BuildValue("{s:i,s:i,s:O,s:K,s:I,s:K,s:K,s:K}", "enabled", c.enabled, "context",
+                         c.context, "stacks_all", c.stacks_all ? Py_True : Py_False,
+                         "max_entries", (unsigned long long)c.max_entries, "skip_mask",
+                         c.skip_mask, "sample_mean", (unsigned long long)c.sample_mean,
+                         "sample_threshold", (unsigned long long)c.sample_threshold,
+                         "sample_seed", (unsigned long long)c.sample_seed);
 }
 
 static PyObject *py_set_metadata(PyObject *self, PyObject *arg) {
@@ -293,7 +300,8 @@ static PyObject *py_counts(PyObject *self, PyObject *unused) {
 static PyMethodDef snapshot_methods[] = {
     {"_hist_configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
      "_hist_configure(enabled, context, stacks_all=False, max_entries=1, clear_history=False, "
-     "skip_mask=0): levels as ints (see gpumem.recording.history)"},
+     "skip_mask=0, sample_mean=0, sample_threshold=0, sample_seed=0): levels as ints (see "
+     "gpumem.recording.history); sample_mean > 0 turns the sampled mode on"},
     {"_hist_config", py_config, METH_NOARGS, "The recording configuration in force."},
     {"_hist_snapshot", (PyCFunction)(void (*)(void))py_snapshot, METH_VARARGS | METH_KEYWORDS,
      "_hist_snapshot(clamp=False, seqs=False) -> (segments, device_traces, settings or None"
@@ -311,7 +319,8 @@ static const gm_hist_api_t hist_api = {GM_HIST_API_VERSION,   gm_hist_capture,
                                        gm_hist_context_level, gm_hist_set_thread_metadata,
                                        gm_hist_capture_script, gm_hist_configure,
                                        gm_hist_get_config,    gm_intern_string,
-                                       gm_hist_thread_metadata, gm_intern_string_view};
+                                       gm_hist_thread_metadata, gm_intern_string_view,
+                                       gm_hist_sample};
 
 int gm_py_hist_snapshot_init(PyObject *module) {
     if (gm_py_hist_frames_init() < 0)

@@ -257,6 +257,9 @@ std::string run_oom_hook(int device, const gm_oom_info_t& oom, uintptr_t stream,
 /* The thread's TorchScript frames, if it is running TorchScript, and the
  * traceback id for a capture at `level` (gm_torch_alloc.cpp). */
 uint32_t capture(int level);
+/* The same for an allocation of `size` bytes (level STATE), 0 when the
+ * sampled mode leaves it out (gm_torch_history.cpp). */
+uint32_t capture_alloc(size_t size);
 
 /* The process's allocator once created (never freed), else nullptr. */
 GpumemAllocator* instance();

@@ -232,8 +232,9 @@ void* GpumemAllocator::malloc_on(size_t size, c10::DeviceIndex device, cudaStrea
   TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte,
                    "CUDA out of memory. Tried to allocate more than 1EB memory.");
   gm_alloc_t* a = core(device);
-  /* Captured before the core takes its lock (torch: context level STATE). */
-  uint32_t ctx = capture(GM_HIST_CTX_STATE);
+  /* Captured before the core takes its lock (torch: context level STATE),
+   * unless the sampled mode leaves it out. */
+  uint32_t ctx = capture_alloc(size);
   uintptr_t p = 0;
   gm_oom_info_t oom;
   c10::cuda::MempoolId_t pool{0, 0};

@@ -7,6 +7,8 @@
  * gpumem records history itself (csrc/history); gpumem.recording.history routes
  * torch's Python functions to it. This file serves what reaches the
  * allocator from C++ instead:
+ *   - capture_alloc(): an allocation's stack, unless the sampled mode
+ *     leaves it out;
  *   - capture(): the thread's TorchScript frames, if it is inside the
  *     TorchScript interpreter, go before its Python frames (torch records
  *     them at stacks='python' too);
@@ -51,6 +53,14 @@ uint32_t capture(int level) {
     frames[i] = {e.filename.c_str(), files[i].c_str(), line};
   }
   return g_hist->capture_script(level, frames.data(), static_cast<uint32_t>(frames.size()));
+}
+
+uint32_t capture_alloc(size_t size) {
+  /* The sampled mode may leave this allocation's stack out (Note [Sampled
+   * recording] in csrc/history/sample.c); asked only while recording. */
+  if (g_hist->context_level() < GM_HIST_CTX_STATE || !g_hist->sample(size))
+    return 0;
+  return capture(GM_HIST_CTX_STATE);
 }
 
 /* ------------------------------------------------ the C++ interface */

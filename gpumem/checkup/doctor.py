@@ -37,7 +37,7 @@ import sys
 import warnings
 from typing import Any
 
-from gpumem import _C
+from gpumem import _C, _sampling
 from gpumem.recording import oom as _oom
 from gpumem.pytorch import shim_build as _shim_build
 from gpumem.checkup import selftest as _selftest
@@ -207,6 +207,10 @@ def _settings_facts(found: _Findings, facts: dict, drv_probe: dict) -> None:
         snap = os.environ.get(_oom.ENV_OOM_SNAPSHOT, "").strip()
         if snap:
             found.add("ok", "settings", f"out-of-memory snapshots go to {snap}")
+        smp = _sampling.from_env()
+        if smp:
+            found.add("ok", "settings", f"{_sampling.ENV_SAMPLE}: recording started without "
+                      f"sample= is sampled ({_sampling.describe(smp)})")
     except ConfError as e:
         found.add("fail", "settings", str(e))
     env = {k: v for k, v in sorted(os.environ.items())   # not gpumem simulate's plumbing

@@ -23,7 +23,7 @@ import pickle
 import sys
 from typing import Any
 
-from gpumem import _C
+from gpumem import _C, _sampling
 from gpumem.pytorch import shim_state as _shim_state
 from gpumem.categories import tagger as _categories
 from gpumem._atomic import write_atomic
@@ -118,6 +118,7 @@ def record_memory_history(
     device: Any = None,
     skip_actions: list[str] | None = None,
     categories: bool | None = None,
+    sample: Any = None,
 ) -> None:
     """Start, change or stop recording allocator history, on every device.
 
@@ -149,11 +150,19 @@ def record_memory_history(
     s = _choice(_STACKS, stacks, _STACKS_MSG)
     n = _max_entries(max_entries)
     mask = _skip_mask(skip_actions)
+    try:
+        smp = _sampling.resolve(sample) if e != 0 else None
+    except _sampling.SampleError as err:
+        raise HistoryConfigError(str(err)) from None
     if categories and e != 0:
         _categories.enable(clear=bool(clear_history))
     else:
         _categories.disable()
-    _C._hist_configure(e, c, s, n, bool(clear_history), mask)
+    if smp is None:
+        _C._hist_configure(e, c, s, n, bool(clear_history), mask)
+    else:
+        _C._hist_configure(e, c, s, n, bool(clear_history), mask, smp["mean_bytes"],
+                           smp["threshold_bytes"], smp["seed"])
     _follow_annotations(e != 0, False)
 
 
@@ -178,6 +187,7 @@ def _record_memory_history(
     record_pinned_host_memory: bool = False,
     record_cuda: bool = True,
     categories: bool | None = None,
+    sample: Any = None,
     **legacy: Any,
 ) -> None:
     """torch.cuda.memory._record_memory_history, with torch's signature and defaults.
@@ -186,7 +196,7 @@ def _record_memory_history(
     ``trace_alloc_record_context``, ``record_context``, ``record_context_cpp``).
     compile_context and global_record_annotations have nothing to record
     here and are ignored; pinned host memory is not managed by gpumem.
-    categories (gpumem's, not torch's): as for record_memory_history.
+    categories and sample (gpumem's, not torch's): as for record_memory_history.
     """
     if isinstance(enabled, bool):
         _record_memory_history_legacy(enabled, clear_history=clear_history, **legacy)
@@ -199,7 +209,8 @@ def _record_memory_history(
     if not record_cuda:
         enabled = None
     record_memory_history(enabled, context, stacks, max_entries, clear_history,
-                          device=device, skip_actions=skip_actions, categories=categories)
+                          device=device, skip_actions=skip_actions, categories=categories,
+                          sample=sample)
     if global_record_annotations and enabled is not None:
         _follow_annotations(True, True)
 
@@ -242,7 +253,16 @@ def recording_config() -> dict:
         "max_entries": c["max_entries"],
         "skip_actions": [a for i, a in enumerate(ACTIONS) if c["skip_mask"] >> i & 1],
         "categories": _categories.enabled(),
+        "sample": _sample_in_force(c),
     }
+
+
+def _sample_in_force(c: dict) -> dict | bool:
+    """The sampling parameters in force (as sample= takes them), or False."""
+    if not c["enabled"] or not c["sample_mean"]:
+        return False
+    return {"mean_bytes": c["sample_mean"], "threshold_bytes": c["sample_threshold"],
+            "seed": c["sample_seed"]}
 
 
 def _allocator_settings(settings: dict | None) -> dict:
@@ -274,6 +294,9 @@ def _take(clamp: bool, augment_with_fx_traces: bool) -> dict:
         "host_segments": [],  # gpumem does not manage pinned host memory
         "host_traces": [],
     }
+    sampled = _sample_in_force(_C._hist_config())
+    if sampled:
+        snap[_sampling.SNAPSHOT_KEY] = sampled
     if with_categories:
         snap[_categories.TABLE_KEY] = _categories.table(segments, traces, first[0])
     if augment_with_fx_traces:

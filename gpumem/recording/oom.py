@@ -31,6 +31,7 @@ import time
 import traceback
 from typing import Any, Callable, Mapping, Optional
 
+from gpumem import _sampling
 from gpumem.recording import history
 from gpumem._conf import ConfError, parse_uint
 from gpumem._rank import rank_path
@@ -244,9 +245,15 @@ def _short(text: str, limit: int = 60) -> str:
 
 
 def check_env(environ: Optional[Mapping[str, str]] = None) -> None:
-    """With GPUMEM_OOM_SNAPSHOT set, raise ConfError if GPUMEM_OOM_RECORDING is
-    invalid (in ``environ``, default os.environ)."""
+    """Raise ConfError if GPUMEM_RECORD_SAMPLE is invalid, or, with
+    GPUMEM_OOM_SNAPSHOT set, GPUMEM_OOM_RECORDING is (in ``environ``,
+    default os.environ)."""
     environ = os.environ if environ is None else environ
+    try:
+        _sampling.from_env(environ)
+    except _sampling.SampleError as e:
+        raise ConfError(f"{e}; for example {_sampling.ENV_SAMPLE}=on or "
+                        f"{_sampling.ENV_SAMPLE}=mean:512KiB,threshold:1MiB") from None
     if environ.get(ENV_OOM_SNAPSHOT, "").strip():
         parse_oom_recording(environ.get(ENV_OOM_RECORDING))
 

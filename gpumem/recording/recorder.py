@@ -72,6 +72,7 @@ import time
 import traceback
 from typing import Any, Optional
 
+from gpumem import _sampling
 from gpumem.recording import oom as _oom, history
 from gpumem.pytorch import installer as _torch
 from gpumem.recording.oom import (ENV_OOM_RECORDING, ENV_OOM_SNAPSHOT, MAX_OOM_SNAPSHOTS,
@@ -114,7 +115,8 @@ class _GpumemBackend:
 
     def start(self, rec: "Recorder") -> None:
         history.record_memory_history("all", rec.context, rec.stacks, rec.max_entries,
-                                      clear_history=True, categories=rec.categories)
+                                      clear_history=True, categories=rec.categories,
+                                      sample=rec.sample)
 
     def restore(self, cfg: Any) -> None:
         if cfg["enabled"] is None:
@@ -122,7 +124,8 @@ class _GpumemBackend:
         else:
             history.record_memory_history(cfg["enabled"], cfg["context"], cfg["stacks"],
                                           cfg["max_entries"], skip_actions=cfg["skip_actions"],
-                                          categories=cfg.get("categories", False))
+                                          categories=cfg.get("categories", False),
+                                          sample=cfg.get("sample", False))
 
     def snapshot(self) -> dict:
         return history.snapshot()
@@ -143,6 +146,9 @@ class _TorchBackend:
         if rec.categories:
             log.warning("gpumem.record(categories=True): torch's own recorder is in use (see "
                         "above), so the snapshot has no categories")
+        if rec.sample:
+            log.warning("gpumem.record(sample=...): torch's own recorder is in use (see above), "
+                        "which records every stack")
         self.torch.cuda.memory._record_memory_history(
             "all", context=rec.context, stacks=rec.stacks, max_entries=rec.max_entries,
             clear_history=True)
@@ -211,7 +217,7 @@ class Recorder:
                  max_entries: int = 100_000, context: Optional[str] = "all",
                  stacks: str = "python", start_step: Optional[int] = None,
                  stop_step: Optional[int] = None, dump_on_oom: bool = True,
-                 categories: Optional[bool] = None) -> None:
+                 categories: Optional[bool] = None, sample: Any = None) -> None:
         try:
             path = os.fspath(path)
         except TypeError:
@@ -232,7 +238,12 @@ class Recorder:
         if start_step is not None and stop_step is not None and stop_step <= start_step:
             raise ValueError(f"stop_step ({stop_step}) must be greater than start_step "
                              f"({start_step}): steps [start_step, stop_step) are recorded")
+        try:  # checked now; GPUMEM_RECORD_SAMPLE (for None) and the seed at each start
+            _sampling.parse_sample(sample)
+        except _sampling.SampleError as e:
+            raise ValueError(str(e)) from None
         self.path = os.path.abspath(path)
+        self.sample = sample
         self.max_entries = max_entries
         self.context = context
         self.stacks = stacks
@@ -390,7 +401,8 @@ class Recorder:
 def record(path: str | os.PathLike[str] = "memory.pickle", *, max_entries: int = 100_000,
            context: Optional[str] = "all", stacks: str = "python",
            start_step: Optional[int] = None, stop_step: Optional[int] = None,
-           dump_on_oom: bool = True, categories: Optional[bool] = None) -> Recorder:
+           dump_on_oom: bool = True, categories: Optional[bool] = None,
+           sample: Any = None) -> Recorder:
     """Record memory history for a with block and write a snapshot at its end.
 
     path: the snapshot file (``_rank<N>`` is added under torch.distributed or
@@ -404,13 +416,17 @@ def record(path: str | os.PathLike[str] = "memory.pickle", *, max_entries: int =
     categories: note what each allocation is for (gpumem.categories.tagger); under
         torch's own recorder (see below) there are none.  Not given, it is
         off, except under ``gpumem simulate --categories``, which keeps it on.
+    sample: the always-on sampled mode, cheap enough to leave on in every run
+        (record_memory_history's sample=: True, a mean interval such as
+        '512KiB', or 'mean:512KiB,threshold:1MiB,seed:7'); None follows
+        GPUMEM_RECORD_SAMPLE, False records every stack.
 
     Returns a Recorder (use it in a with statement, or call start()/stop()).
     See the module docstring for nesting, torch's allocator and rank rules.
     """
     return Recorder(path, max_entries=max_entries, context=context, stacks=stacks,
                     start_step=start_step, stop_step=stop_step, dump_on_oom=dump_on_oom,
-                    categories=categories)
+                    categories=categories, sample=sample)
 
 
 def _add_markers(snap: dict, markers: list[tuple[int, str]]) -> None:

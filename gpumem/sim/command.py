@@ -63,6 +63,7 @@ from typing import Any, Optional
 
 from gpumem.sim import torchrun as _launch, rank_report as _rank_report, outcome as _outcome
 from gpumem._format import format_bytes
+from gpumem._sampling import ENV_SAMPLE
 from gpumem.sim.child import ENV_CATEGORIES, ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
 
 __all__ = ["HELP", "LIMITS", "add_arguments", "run", "main"]
@@ -132,6 +133,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also record what each allocation is for (parameter, gradient, "
                         "optimizer state, activation, ...) and report the terms of the "
                         "estimation equation, measured")
+    p.add_argument("--sample", nargs="?", const="on", default=None, metavar="SPEC",
+                   help="record in the always-on sampled mode (GPUMEM_RECORD_SAMPLE): stacks "
+                        "for every allocation of 1 MiB or more, sampled by bytes below; "
+                        "--sample=SPEC sets it, e.g. --sample=256KiB or "
+                        "--sample=mean:512KiB,threshold:1MiB,seed:7")
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON (it is also written to DIR/summary.json)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
@@ -513,6 +519,8 @@ def run(args: argparse.Namespace) -> int:
                           "using the GPU holds; give more than that; nothing was run")
         env_probe = sim.sim_env(memory=memory, devices=devices, base=base, gpu=model.key)
         _launch.host_memory_env(env_probe, args.host_memory, nproc)
+        if args.sample is not None:
+            env_probe[ENV_SAMPLE] = args.sample
     except sim.SimError as e:
         return _error(str(e))
     out = os.path.abspath(args.out if args.out is not None else default_out())

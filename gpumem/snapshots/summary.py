@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Iterable
 
+from gpumem import _sampling
 from gpumem.categories import report as category_report
 from gpumem.snapshots.sites import StackTable
 from gpumem.snapshots.timeline import (OPTIMIZER_ENDS, DeviceModel, block_bytes, block_frames,
@@ -22,17 +23,31 @@ __all__ = ["live_by_site", "end_live", "segment_totals", "summarize", "diff"]
 
 # ------------------------------------------------------------------ aggregation
 
-def live_by_site(stacks: StackTable, items: Iterable[tuple[int, int]]) -> dict[int, list[int]]:
-    """(size, stack) pairs grouped by site: site -> [count, bytes, largest, stack of largest]."""
-    out: dict[int, list[int]] = {}
+def live_by_site(stacks: StackTable, items: Iterable[tuple[int, int]],
+                 sampling: dict | None = None) -> dict[int, list]:
+    """(size, stack) pairs grouped by site: site -> [count, bytes, largest,
+    stack of largest, estimated].
+
+    sampling: the snapshot's sampling parameters (gpumem._sampling), or
+    None.  With them, an allocation below the threshold that has a stack
+    counts 1 / p(size) times (p: its chance of having been sampled), so
+    counts and bytes are unbiased estimates (floats; estimated is True),
+    and one without a stack is left out: the estimates stand for it."""
+    out: dict[int, list] = {}
     site_of = stacks.stack_site
     for size, stack in items:
+        w, est = 1, False
+        if sampling is not None and size < sampling["threshold_bytes"]:
+            if not stack:
+                continue
+            w, est = _sampling.weight(size, sampling), True
         row = out.get(site_of[stack])
         if row is None:
-            out[site_of[stack]] = [1, size, size, stack]
+            out[site_of[stack]] = [w, size * w, size, stack, est]
         else:
-            row[0] += 1
-            row[1] += size
+            row[0] += w
+            row[1] += size * w
+            row[4] = row[4] or est
             if size > row[2]:
                 row[2], row[3] = size, stack
     return out
@@ -89,10 +104,12 @@ def segment_totals(snap: dict, device: int) -> dict:
     return tot
 
 
-def _site_row(stacks: StackTable, site_id: int, row: list[int], **extra: Any) -> dict:
+def _site_row(stacks: StackTable, site_id: int, row: list, **extra: Any) -> dict:
     site = stacks.sites[site_id]
-    out = {"site": site["label"], "kind": site["kind"], "count": row[0], "bytes": row[1],
-           "largest": row[2], "stack": stacks.stack_lines(row[3], 12)}
+    out = {"site": site["label"], "kind": site["kind"], "count": round(row[0]),
+           "bytes": round(row[1]), "largest": row[2], "stack": stacks.stack_lines(row[3], 12)}
+    if row[4]:
+        out["estimated"] = True
     for k in ("filename", "line", "name"):
         if k in site:
             out[k] = site[k]
@@ -122,6 +139,7 @@ def summarize(snap: dict, name: str, top: int = 10, device: int | None = None) -
 def _summarize_device(snap: dict, dev: int, stacks: StackTable, top: int) -> dict:
     m = build_device(snap, dev, stacks)
     seg = segment_totals(snap, dev)
+    smp = _sampling.snapshot_params(snap)
     row: dict[str, Any] = {"device": dev, "trace_events": m.n_events,
                            "allocations": sum(1 for s in m.a_start if s >= 0),
                            "at_snapshot": seg}
@@ -144,9 +162,9 @@ def _summarize_device(snap: dict, dev: int, stacks: StackTable, top: int) -> dic
         row["fragmentation_at_peak"] = (res_at_peak - m.peak if res_at_peak is not None
                                         and res_at_peak >= m.peak else None)
         peak_live = [(m.a_size[a], m.a_stack[a]) for a in m.live_at(peak_i)]
-        row["top_live_at_peak"] = _top(stacks, live_by_site(stacks, peak_live), top)
+        row["top_live_at_peak"] = _top(stacks, live_by_site(stacks, peak_live, smp), top)
         total = live_by_site(stacks, ((m.a_size[a], m.a_stack[a])
-                                      for a, s in enumerate(m.a_start) if s >= 0))
+                                      for a, s in enumerate(m.a_start) if s >= 0), smp)
         row["top_total_allocated"] = _top(stacks, total, top)
         row["live_before_trace"] = sum(1 for s in m.a_start if s < 0)
         row["inconsistencies"] = m.inconsistencies
@@ -158,12 +176,14 @@ def _summarize_device(snap: dict, dev: int, stacks: StackTable, top: int) -> dic
                    reserved_at_peak=seg["reserved"],
                    fragmentation_at_peak=seg["reserved"] - seg["allocated"],
                    reserved_note="no trace: figures are the snapshot's own state")
-        row["top_live_at_peak"] = _top(stacks, live_by_site(stacks, end_items), top)
+        row["top_live_at_peak"] = _top(stacks, live_by_site(stacks, end_items, smp), top)
         row["top_total_allocated"] = []
-    row["top_live_at_snapshot"] = _top(stacks, live_by_site(stacks, end_items), top)
+    row["top_live_at_snapshot"] = _top(stacks, live_by_site(stacks, end_items, smp), top)
     row["ooms"] = [{"index": o["index"], "size": o["size"], "device_free": o["device_free"],
                     "site": stacks.site_of_stack(o["stack"])["label"]} for o in m.ooms]
-    row["steps"], row["step_markers"], row["step_growth_sites"] = _steps(m, top)
+    row["steps"], row["step_markers"], row["step_growth_sites"] = _steps(m, top, smp)
+    if smp is not None:
+        row["sampling"] = smp
     cats = category_report.device_report(snap, m)
     if cats is not None:
         row["categories"] = cats
@@ -176,7 +196,8 @@ def _rel_time(m: DeviceModel, index: int) -> int | None:
     return None if t is None or t0 is None else t - t0
 
 
-def _steps(m: DeviceModel, top: int) -> tuple[list[dict], str | None, list[dict]]:
+def _steps(m: DeviceModel, top: int,
+           smp: dict | None = None) -> tuple[list[dict], str | None, list[dict]]:
     if not m.markers or not m.has_trace:
         return [], None, []
     bounds = [i for i, _ in m.markers]
@@ -207,9 +228,9 @@ def _steps(m: DeviceModel, top: int) -> tuple[list[dict], str | None, list[dict]
         first_end, last_end = steps[0]["last_index"], steps[-1]["last_index"]
         growth = _diff_groups(m.stacks,
                               live_by_site(m.stacks, ((m.a_size[a], m.a_stack[a])
-                                                      for a in m.live_at(first_end))),
+                                                      for a in m.live_at(first_end)), smp),
                               live_by_site(m.stacks, ((m.a_size[a], m.a_stack[a])
-                                                      for a in m.live_at(last_end))),
+                                                      for a in m.live_at(last_end)), smp),
                               m.stacks, top, grown_only=True)
     return steps, m.marker_source, growth
 
@@ -234,9 +255,13 @@ def _diff_groups(sb: StackTable, before: dict[int, list[int]], after: dict[int, 
                         row[k] = site[k]
             row[f"{side}_count"] += g[0]
             row[f"{side}_bytes"] += g[1]
+            if g[4]:
+                row["estimated"] = True
             if side == "after":
                 row["stack"] = table.stack_lines(g[3], 12)
     for row in rows.values():
+        for k in ("before_count", "before_bytes", "after_count", "after_bytes"):
+            row[k] = round(row[k])
         row["delta_count"] = row["after_count"] - row["before_count"]
         row["delta_bytes"] = row["after_bytes"] - row["before_bytes"]
     out = sorted(rows.values(), key=lambda r: (-r["delta_bytes"], -r["delta_count"], r["site"]))
@@ -260,8 +285,9 @@ def diff(before: dict, after: dict, names: tuple[str, str], top: int = 10,
         items = end_live(snap, device, stacks, models)
         reserved = sum(s["total_size"] for s in snap["segments"]
                        if device is None or s["device"] == device)
-        sides.append((stacks, live_by_site(stacks, items), items, reserved))
-    (sb, gb, ib, rb), (sa, ga, ia, ra) = sides
+        smp = _sampling.snapshot_params(snap)
+        sides.append((stacks, live_by_site(stacks, items, smp), items, reserved, smp))
+    (sb, gb, ib, rb, pb), (sa, ga, ia, ra, pa) = sides
     rows = _diff_groups(sb, gb, ga, sa, 0)
     grown = [r for r in rows if r["delta_bytes"] > 0 or (r["delta_bytes"] == 0
                                                         and r["delta_count"] > 0)]
@@ -277,4 +303,5 @@ def diff(before: dict, after: dict, names: tuple[str, str], top: int = 10,
         "grew": grown[:top], "grew_total": len(grown),
         "shrank": shrunk[:top], "shrank_total": len(shrunk),
         "unchanged": len(rows) - len(grown) - len(shrunk),
+        **({"sampling": {"before": pb, "after": pa}} if pb or pa else {}),
     }

@@ -36,6 +36,7 @@ import os
 import re
 from typing import Any
 
+from gpumem import _sampling
 from gpumem._atomic import write_atomic
 from gpumem.categories import report as category_report
 from gpumem.snapshots.sites import text_of
@@ -261,10 +262,15 @@ def _table(snap: dict, dev: int, m: DeviceModel, out: _Out) -> dict:
     st = m.stacks
     groups: dict[int, list[int]] = {}
 
+    smp = _sampling.snapshot_params(snap)
+    estimated: set[int] = set()
+
     def add(col: int, items) -> None:
-        for site, (count, nbytes, largest, stack) in live_by_site(st, items).items():
+        for site, (count, nbytes, largest, stack, est) in live_by_site(st, items, smp).items():
             row = groups.setdefault(site, [0] * 6 + [0, stack])
-            row[col], row[col + 1] = count, nbytes
+            row[col], row[col + 1] = round(count), round(nbytes)
+            if est:
+                estimated.add(site)
             if largest > row[6]:
                 row[6], row[7] = largest, stack
     if m.has_trace:
@@ -276,6 +282,10 @@ def _table(snap: dict, dev: int, m: DeviceModel, out: _Out) -> dict:
         keep.update(sorted(groups, key=lambda s: -groups[s][col])[:MAX_TABLE_ROWS // 3])
     rows = [[out.site(site)] + groups[site][:7] + [out.stack(groups[site][7])]
             for site in sorted(keep, key=lambda s: (-groups[s][1], -groups[s][3], s))]
+    for site in estimated & keep:  # the page names these sites "~ ...": estimates
+        label = out.sites[out.site(site)]
+        if not label[0].startswith("~ "):
+            label[0] = "~ " + label[0]
     return {"rows": rows, "sites_total": len(groups), "has_trace": m.has_trace}
 
 
@@ -322,6 +332,9 @@ def build_payload(snap: dict, name: str, device: int | None = None,
                         "reserved": sum(s["total_size"] for s in snap["segments"]
                                         if s["device"] == d)})
     notes = _empty_notes(snap, dev, m)
+    smp = _sampling.snapshot_params(snap)
+    if smp is not None:
+        notes.append(_sampling.describe(smp) + ".")
     if timeline:
         if len(timeline["ev"]) < m.n_events:
             notes.append(f"The timeline is sampled at {len(timeline['ev'])} of {m.n_events} "
