@@ -29,7 +29,7 @@ GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
   _C (the extension), _format, _conf (allocator settings), _atomic (file writes)
   _rank (per-rank file names)
   categories.classify, snapshots.pickle_scan, snapshots.origin, pytorch.shim_state,
-      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun
+      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun, sim.torch_cuda
   categories.report, categories.tagger, snapshots.unpickle, checkup.selftest, sim
   snapshots.sites, recording.history, sim.rank_report, sim.__main__
   snapshots.timeline, recording.oom, pytorch.stats
