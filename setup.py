@@ -146,8 +146,9 @@ class BuildWithSimulator(build_ext):
     """build_ext, then the simulated GPU's fake CUDA libraries (simgpu/).
 
     They are separate shared libraries with NVIDIA's sonames, loaded only by
-    gpumem.sim; they land in gpumem/sim/_lib/ (in the source tree for editable
-    and in-place builds, in build_lib for wheels). gpumem works without
+    gpumem.sim; they land in gpumem/sim/_lib/cuda12/ and _lib/cuda13/, one
+    folder per CUDA major version PyTorch is built for (in the source tree
+    for editable and in-place builds, in build_lib for wheels). gpumem works without
     them, so a failure warns instead of failing the install.
     """
 
@@ -159,7 +160,7 @@ class BuildWithSimulator(build_ext):
         out = os.path.join(pkg, "sim", "_lib")
         work = os.path.join(self.build_temp, "gpumem_sim")
         try:
-            _load_sim_build().build_sim_libs(out, work_dir=work)
+            _load_sim_build().build_sim_tree(out, work_dir=work)
         except Exception as e:  # noqa: BLE001 - optional component
             print(f"setup.py: warning: the simulated GPU was not built ({e}); "
                   "gpumem works without it, but gpumem.sim will build it on first use.",

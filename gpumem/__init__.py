@@ -29,8 +29,8 @@ GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
   _C (the extension), _format, _conf (allocator settings), _atomic (file writes)
   _rank (per-rank file names), _sampling (the sampled mode's parameters and estimates)
   categories.classify, snapshots.pickle_scan, snapshots.origin, pytorch.shim_state,
-      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun, sim.config_key,
-      sim.boundary
+      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun, sim.torch_cuda,
+      sim.config_key, sim.boundary
   categories.report, categories.tagger, snapshots.unpickle, checkup.selftest, sim,
       sim.knob
   snapshots.sites, recording.history, sim.rank_report, sim.__main__

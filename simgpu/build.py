@@ -1,9 +1,11 @@
 """Build the simulated GPU's fake CUDA libraries with a plain C compiler.
 
     from simgpu.build import build_sim_libs        # or load this file by path
-    libs = build_sim_libs("gpumem/sim/_lib")            # {soname: Path}, in preload order
+    libs = build_sim_libs("out")                        # {soname: Path}, in preload order
+    every = build_sim_tree("gpumem/sim/_lib")           # {12: {...}, 13: {...}}: _lib/cuda12/, _lib/cuda13/
 
     python simgpu/build.py OUT_DIR [--cflags=...] [--force] [--cuda-major 13]
+    python simgpu/build.py OUT_DIR --all-majors         (OUT_DIR/cuda12/, OUT_DIR/cuda13/)
 
 Libraries (simgpu/README.md explains each):
 
@@ -18,7 +20,11 @@ Libraries (simgpu/README.md explains each):
     libnccl.so.2       fake NCCL 2 (simgpu/nccl), its list in cudaN/ too
 
 N is the CUDA major version; everything version-specific comes from
-simgpu/cudaN/ (export lists <soname>.syms and sim_abi.h). For every
+simgpu/cudaN/ (export lists <soname>.syms and sim_abi.h). build_sim_tree
+builds every supported major version (SUPPORTED_MAJORS: PyTorch's CUDA 12
+builds, torch 2.6 to 2.10, and its CUDA 13 ones) into one folder each; the
+driver and NVML do not depend on the CUDA version, so they are compiled
+once and copied. For every
 exported name the build generates a weak stub (OUT_DIR/gen/<soname>.stubs.c)
 and the version script (OUT_DIR/gen/<soname>.map: one version node named
 like the SONAME, as NVIDIA's libraries have, so glibc finds the versions
@@ -50,6 +56,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 SIM_DIR = Path(__file__).resolve().parent
 DEFAULT_CUDA_MAJOR = 13
+SUPPORTED_MAJORS = (12, 13)
 BASE_FLAGS = ("-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-fvisibility=hidden",
               "-std=gnu11")
 AUTO = "auto"
@@ -110,7 +117,7 @@ COMMON_SOURCES = ("common/simcommon.c", "common/simjson.c")
 # The driver shares only the JSON builder with them.
 DRIVER_COMMON = ("common/simjson.c", "common/simjson.h")
 
-__all__ = ["build_sim_libs", "build_libcuda", "find_cuda_include", "BuildError", "DRIVER_SONAME",
+__all__ = ["build_sim_libs", "build_sim_tree", "build_libcuda", "find_cuda_include", "BuildError", "DRIVER_SONAME",
            "sim_sonames"]
 
 
@@ -392,19 +399,37 @@ def _build_fake(out: Path, base: str, cuda_major: int, extra_flags: Sequence[str
     return _link(out / soname, cmd, inputs, force, extra_digest=[base], stamp_dir=work)
 
 
+def _copy_if_changed(src: Path, dst: Path) -> Path:
+    if not dst.is_file() or dst.read_bytes() != src.read_bytes():
+        fd, tmp = tempfile.mkstemp(prefix="." + dst.name + ".", dir=dst.parent)
+        os.close(fd)
+        try:
+            shutil.copy2(src, tmp)
+            os.replace(tmp, dst)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return dst
+
+
+# The libraries whose build does not depend on the CUDA major version.
+MAJOR_INDEPENDENT = (DRIVER_SONAME, LIBS["libnvidia-ml"]["soname"])
+
+
 def build_sim_libs(out_dir: Union[str, os.PathLike], extra_flags: Iterable[str] = (), *,
                    cuda_major: int = DEFAULT_CUDA_MAJOR, force: bool = False,
-                   work_dir: Union[str, os.PathLike, None] = None) -> Dict[str, Path]:
+                   work_dir: Union[str, os.PathLike, None] = None,
+                   shared: Optional[Dict[str, Path]] = None) -> Dict[str, Path]:
     """Build every fake library into out_dir; {soname: path} in LD_PRELOAD order.
 
-    This is what setup.py calls, with out_dir = the package's gpumem/sim/_lib
-    (in build_lib for a wheel, in the source tree for an editable install)
-    and work_dir = a temporary build directory: out_dir then receives the
-    seven .so files and nothing else, while the generated stubs, version
-    scripts and .buildinfo stamps (which make rebuilds incremental) go to
-    work_dir (default: out_dir itself). The fake driver is compiled against
-    the project's own declarations, so the result does not depend on which
-    CUDA headers the build machine has.
+    out_dir receives the seven .so files of one CUDA major version and
+    nothing else, while the generated stubs, version scripts and .buildinfo
+    stamps (which make rebuilds incremental) go to work_dir (default:
+    out_dir itself). The fake driver is compiled against the project's own
+    declarations, so the result does not depend on which CUDA headers the
+    build machine has. shared: {soname: path} of the MAJOR_INDEPENDENT
+    libraries already built with the same flags (for another major
+    version): copied instead of compiled again.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -414,11 +439,40 @@ def build_sim_libs(out_dir: Union[str, os.PathLike], extra_flags: Iterable[str] 
     if shutil.which(cc[0]) is None:
         raise BuildError(f"C compiler {cc[0]!r} not found (set CC)")
     flags = list(extra_flags)
-    libs = {DRIVER_SONAME: build_libcuda(out, flags, cuda_include=None, force=force, work_dir=work)}
-    for base in LIBS:
-        path = _build_fake(out, base, cuda_major, flags, force, libs[DRIVER_SONAME], work)
+    shared = shared or {}
+    if DRIVER_SONAME in shared:
+        driver = _copy_if_changed(shared[DRIVER_SONAME], out / DRIVER_SONAME)
+    else:
+        driver = build_libcuda(out, flags, cuda_include=None, force=force, work_dir=work)
+    libs = {DRIVER_SONAME: driver}
+    for base, spec in LIBS.items():
+        if spec["soname"] in shared:
+            path = _copy_if_changed(shared[spec["soname"]], out / spec["soname"])
+        else:
+            path = _build_fake(out, base, cuda_major, flags, force, driver, work)
         libs[path.name] = path
     return libs
+
+
+def build_sim_tree(out_root: Union[str, os.PathLike], extra_flags: Iterable[str] = (), *,
+                   majors: Sequence[int] = SUPPORTED_MAJORS, force: bool = False,
+                   work_dir: Union[str, os.PathLike, None] = None) -> Dict[int, Dict[str, Path]]:
+    """Every supported CUDA major version's libraries, each in its own
+    folder out_root/cudaNN/ (work files in work_dir/cudaNN/); {major:
+    {soname: path}}. This is what setup.py calls, with out_root = the
+    package's gpumem/sim/_lib (in build_lib for a wheel, in the source tree
+    for an editable install); gpumem.sim preloads the folder of the CUDA
+    major version the command's torch was built for."""
+    root = Path(out_root)
+    work = Path(work_dir) if work_dir is not None else root
+    out: Dict[int, Dict[str, Path]] = {}
+    shared: Dict[str, Path] = {}
+    for major in majors:
+        libs = build_sim_libs(root / f"cuda{major}", extra_flags, cuda_major=major, force=force,
+                              work_dir=work / f"cuda{major}", shared=shared)
+        shared = {n: libs[n] for n in MAJOR_INDEPENDENT}
+        out[major] = libs
+    return out
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -427,15 +481,23 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--cflags", default="", help="extra compiler flags, e.g. --cflags='-O0 -g'")
     ap.add_argument("--force", action="store_true", help="rebuild even if up to date")
     ap.add_argument("--cuda-major", type=int, default=DEFAULT_CUDA_MAJOR)
+    ap.add_argument("--all-majors", action="store_true",
+                    help="every supported CUDA major version, into OUT_DIR/cudaNN/")
     ap.add_argument("--work-dir", default=None, help="intermediate files (default OUT_DIR)")
     args = ap.parse_args(argv)
     try:
-        libs = build_sim_libs(args.out_dir, shlex.split(args.cflags), cuda_major=args.cuda_major,
-                              force=args.force, work_dir=args.work_dir)
+        if args.all_majors:
+            tree = build_sim_tree(args.out_dir, shlex.split(args.cflags), force=args.force,
+                                  work_dir=args.work_dir)
+            paths = [p for libs in tree.values() for p in libs.values()]
+        else:
+            paths = list(build_sim_libs(args.out_dir, shlex.split(args.cflags),
+                                        cuda_major=args.cuda_major, force=args.force,
+                                        work_dir=args.work_dir).values())
     except BuildError as exc:
         print(exc, file=sys.stderr)
         return 1
-    for path in libs.values():
+    for path in paths:
         print(path)
     return 0
 

@@ -20,7 +20,9 @@ installed wheel is the one the list was made from.
 
 The real libraries are needed only here, never to build the fakes: the
 lists are committed. Default locations are the nvidia pip wheels that
-PyTorch's CUDA build depends on (site-packages/nvidia/cuNN/{lib,include}).
+PyTorch's CUDA build depends on: site-packages/nvidia/cu13/{lib,include} for
+CUDA 13, site-packages/nvidia/{cuda_runtime,cublas,...}/{lib,include} for
+CUDA 12 (run it with the Python of a CUDA 12 torch: --major 12).
 """
 
 from __future__ import annotations
@@ -36,11 +38,15 @@ from typing import Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 
-# base name -> pip distribution that ships it (for the header comment)
+# base name -> (pip distribution that ships it, for the header comment;
+# its directory under site-packages/nvidia in CUDA 12's layout). CUDA 13
+# wheels are named nvidia-<name> and share nvidia/cu13/{lib,include}; CUDA
+# 12 wheels are named nvidia-<name>-cu12 and each has its own
+# nvidia/<directory>/{lib,include}.
 LIBRARIES = {
-    "libcudart": "nvidia-cuda-runtime",
-    "libcublas": "nvidia-cublas",
-    "libcublasLt": "nvidia-cublas",
+    "libcudart": ("nvidia-cuda-runtime", "cuda_runtime"),
+    "libcublas": ("nvidia-cublas", "cublas"),
+    "libcublasLt": ("nvidia-cublas", "cublas"),
 }
 # Libraries versioned apart from CUDA: base name -> (SONAME, pip distribution
 # for CUDA major {major}, directory under site-packages/nvidia). Their lists
@@ -52,15 +58,27 @@ SEPARATE = {
 # Libraries whose names carry no version node (NCCL's: `nm -D` shows plain
 # names, and PyTorch's references to them are unversioned).
 UNVERSIONED = {"libnccl"}
+# Symbols the linker defines in a library built without a version script
+# (NCCL 2.27's for CUDA 12); not part of the library's interface.
+LINKER_SYMBOLS = {"__bss_start", "_edata", "_end"}
 
 
-def nvidia_dir(major: int) -> Optional[Path]:
-    """site-packages/nvidia/cuNN of the running Python, if installed."""
+def nvidia_dir(major: int, base: str = "libcudart") -> Optional[Path]:
+    """The wheel directory (with lib/ and include/) of the running Python
+    that holds one of LIBRARIES for CUDA major: site-packages/nvidia/cuNN
+    from CUDA 13 on, site-packages/nvidia/<its directory> before."""
+    sub = f"cu{major}" if major >= 13 else LIBRARIES[base][1]
     for entry in sys.path:
-        cand = Path(entry) / "nvidia" / f"cu{major}"
-        if (cand / "lib").is_dir():
+        cand = Path(entry) / "nvidia" / sub
+        if (cand / "lib" / soname(base, major)).is_file():
             return cand
     return None
+
+
+def dist_name(base: str, major: int) -> str:
+    """The pip distribution that ships one of LIBRARIES for CUDA major."""
+    dist = LIBRARIES[base][0]
+    return dist if major >= 13 else f"{dist}-cu{major}"
 
 
 def soname(base: str, major: int) -> str:
@@ -93,6 +111,8 @@ def read_exports(lib: Path, version_node: Optional[str]) -> List[str]:
         version = version.lstrip("@")
         if kind == "A" and name == version_node:
             continue  # the version node's own symbol
+        if version_node is None and name in LINKER_SYMBOLS:
+            continue
         if version != (version_node or ""):
             raise SystemExit(f"{lib}: {sym} is not in version node {version_node}")
         names.append(name)
@@ -129,14 +149,27 @@ def render(so: str, names: List[str], policies: Dict[str, str], source: Path, di
     return "\n".join(lines) + "\n"
 
 
-def generate(major: int, lib_dir: Path, include_dir: Optional[Path],
+def generate(major: int, lib_dir: Optional[Path], include_dir: Optional[Path],
              separate_lib_dirs: Optional[Dict[str, Path]] = None) -> Dict[str, str]:
     """{soname: file text} for every faked library.
 
-    separate_lib_dirs: {base: directory} for the SEPARATE libraries (default:
-    their pip wheels); one that is not found is left out with a warning."""
+    lib_dir, include_dir: where LIBRARIES and cublas_api.h are (None: each
+    library's pip wheel, nvidia_dir). separate_lib_dirs: {base: directory}
+    for the SEPARATE libraries (default: their pip wheels); one that is not
+    found is left out with a warning."""
     out = {}
-    todo = [(base, dist, lib_dir) for base, dist in LIBRARIES.items()]
+    todo = []
+    for base in LIBRARIES:
+        where = lib_dir
+        if where is None:
+            found = nvidia_dir(major, base)
+            if found is None:
+                raise SystemExit(f"no pip wheel with {soname(base, major)} found (use --lib-dir)")
+            where = found / "lib"
+        todo.append((base, dist_name(base, major), where))
+    if include_dir is None:
+        found = nvidia_dir(major, "libcublas")
+        include_dir = found / "include" if found else None
     for base, (_, dist, _) in SEPARATE.items():
         where = (separate_lib_dirs or {}).get(base)
         if where is None:
@@ -188,11 +221,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--nccl-lib-dir", type=Path, help="directory with libnccl.so.2")
     ap.add_argument("--out", type=Path, help="output directory (default simgpu/cudaNN)")
     args = ap.parse_args(argv)
-    base = nvidia_dir(args.major)
-    lib_dir = args.lib_dir or (base / "lib" if base else None)
-    inc = args.include_dir or (base / "include" if base else None)
-    if lib_dir is None:
-        print(f"no nvidia/cu{args.major} wheel found; pass --lib-dir", file=sys.stderr)
+    if args.lib_dir is None and nvidia_dir(args.major) is None:
+        print(f"no CUDA {args.major} runtime wheel found; pass --lib-dir", file=sys.stderr)
         return 1
     out_dir = args.out or HERE / f"cuda{args.major}"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -201,7 +231,7 @@ def main(argv: Optional[list] = None) -> int:
         separate["libcudnn"] = args.cudnn_lib_dir
     if args.nccl_lib_dir:
         separate["libnccl"] = args.nccl_lib_dir
-    for so, text in generate(args.major, lib_dir, inc, separate).items():
+    for so, text in generate(args.major, args.lib_dir, args.include_dir, separate).items():
         (out_dir / f"{so}.syms").write_text(text)
         print(out_dir / f"{so}.syms")
     return 0

@@ -12,7 +12,6 @@ import functools
 import importlib.util
 import json
 import os
-import re
 import shlex
 import shutil
 from pathlib import Path
@@ -32,13 +31,15 @@ def _torch_reason(simulator: bool = True) -> Optional[str]:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
         return "torch is not importable"
-    version = Path(spec.origin).parent / "version.py"
-    text = version.read_text() if version.is_file() else ""
-    m = re.search(r"^cuda\s*[:=].*?['\"](\d+)\.", text, re.M)
-    if not m:
+    from gpumem import sim
+    from gpumem.sim import torch_cuda
+    version = torch_cuda.torch_cuda_version()
+    if not version:
         return "torch is not a CUDA build"
-    if simulator and m.group(1) != "13":
-        return f"torch is built for CUDA {m.group(1)}; the simulator supports CUDA 13"
+    major = int(version.split(".")[0])
+    if simulator and major not in sim.CUDA_MAJORS:
+        return (f"torch is built for CUDA {major}; the simulator supports CUDA "
+                + " and ".join(map(str, sim.CUDA_MAJORS)))
     return None
 
 
@@ -50,10 +51,11 @@ needs_torch = pytest.mark.skipif(TORCH_REASON is not None or not HAVE_CC,
 
 
 @functools.lru_cache(maxsize=None)
-def sim_lib_dir() -> Path:
-    """Build (once per session) and return the fake libraries' directory."""
+def sim_lib_dir(cuda_major: int = 13) -> Path:
+    """Build (once per session) and return the directory of one CUDA major
+    version's fake libraries."""
     from gpumem import sim
-    return sim.lib_dir()
+    return sim.lib_dir(cuda_major)
 
 
 # Prepended to snippets: report() returns the fake runtime's JSON report

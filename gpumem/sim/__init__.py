@@ -4,9 +4,12 @@
                          [--log PATH|-] [--report PATH] -- CMD [ARGS...]
 
 The simulator is a set of fake NVIDIA libraries (a CUDA driver
-``libcuda.so.1``, NVML ``libnvidia-ml.so.1``, runtime ``libcudart.so.13``,
-``libcublas.so.13``, ``libcublasLt.so.13``, cuDNN ``libcudnn.so.9`` and NCCL ``libnccl.so.2``; sources and design in
-simgpu/README.md). "Device"
+``libcuda.so.1``, NVML ``libnvidia-ml.so.1``, runtime ``libcudart.so.N``,
+``libcublas.so.N``, ``libcublasLt.so.N``, cuDNN ``libcudnn.so.9`` and NCCL ``libnccl.so.2``; sources and design in
+simgpu/README.md), one set per CUDA major version N that PyTorch is built
+for: 12 (torch 2.6 to 2.10 from PyPI) and 13. The launcher preloads the set
+of the torch the command will import (gpumem/sim/torch_cuda.py says how it
+finds out without importing torch; GPUMEM_SIM_CUDA=12 or 13 overrides it). "Device"
 memory is host memory reserved with MAP_NORESERVE, so an 80 GiB device costs
 only what the program touches; kernels and GEMMs do nothing, copies and
 memsets really copy. Allocation, caching, streams, events, out-of-memory and
@@ -37,12 +40,14 @@ Options (also environment variables the fakes read, set by the launcher):
                     figure is unchanged. For models larger than this
                     machine's memory (docs/simulation.md)
 
-Where the libraries come from: $GPUMEM_SIM_LIB_DIR if set; else, in a
-source checkout, build/sim/ (built on demand from simgpu/ with ``cc`` and
-kept up to date); else gpumem/sim/_lib/ (built by setup.py at install time).
+Where the libraries come from: $GPUMEM_SIM_LIB_DIR if set (one major
+version's set); else, in a source checkout, build/sim/cudaN/ (built on
+demand from simgpu/ with ``cc`` and kept up to date); else
+gpumem/sim/_lib/cudaN/ (built by setup.py at install time).
 
 The launcher's modules, bottom to top:
   gpus         the GPU models --gpu names (memory size, compute capability)
+  torch_cuda   the CUDA major version of the torch a command will import
   config_key   gpumem fit --vary FILE:KEY: a whole-number key of a config file
   knob         gpumem fit --vary: where the knob's value enters the command
   boundary     gpumem fit's search: N fits, N + 1 does not
@@ -69,9 +74,10 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = ["SimError", "lib_dir", "libraries", "sim_env", "run_snippet", "main", "parse_size",
-           "CUDA_MAJOR"]
+           "CUDA_MAJOR", "CUDA_MAJORS", "cuda_major_for"]
 
-CUDA_MAJOR = 13
+CUDA_MAJOR = 13          # the newest: used when the command's torch cannot be told
+CUDA_MAJORS = (12, 13)   # one set of fake libraries each (simgpu/cudaN/)
 SIM_DIR = Path(__file__).resolve().parent
 PKG_DIR = SIM_DIR.parent
 SOURCE_ROOT = PKG_DIR.parent
@@ -142,7 +148,7 @@ def lib_dir(cuda_major: int = CUDA_MAJOR, *, build: bool = True) -> Path:
     if (SIM_SOURCES / "build.py").is_file() and build:
         if cuda_major in _checked:
             return _checked[cuda_major]
-        out = SOURCE_ROOT / "build" / "sim"
+        out = SOURCE_ROOT / "build" / "sim" / f"cuda{cuda_major}"
         builder = _load_builder()
         try:
             builder.build_sim_libs(out, cuda_major=cuda_major)
@@ -150,11 +156,30 @@ def lib_dir(cuda_major: int = CUDA_MAJOR, *, build: bool = True) -> Path:
             raise SimError(f"building the simulator's libraries failed: {exc}") from exc
         _checked[cuda_major] = out
         return out
-    installed = SIM_DIR / "_lib"
+    installed = SIM_DIR / "_lib" / f"cuda{cuda_major}"
     if _complete(installed, cuda_major):
         return installed
     raise SimError("the simulator's libraries are not installed (gpumem/sim/_lib is missing; "
                    "reinstall gpumem with a C compiler available, or set GPUMEM_SIM_LIB_DIR)")
+
+
+def cuda_major_for(command: Optional[Sequence[str]] = None,
+                   env: Optional[Mapping[str, str]] = None) -> int:
+    """The CUDA major version whose fake libraries command needs: that of
+    the torch it will import (gpumem/sim/torch_cuda.py; None: the running
+    interpreter's), CUDA_MAJOR when that cannot be told."""
+    from gpumem.sim import torch_cuda
+    try:
+        major = torch_cuda.torch_cuda_major(command, env)
+    except ValueError as e:
+        raise SimError(str(e)) from None
+    if major is None:
+        return CUDA_MAJOR
+    if major not in CUDA_MAJORS:
+        raise SimError(f"the command's torch is built for CUDA {major}; the simulated GPU has "
+                       f"the libraries of CUDA {' and '.join(map(str, CUDA_MAJORS))} "
+                       f"(set {torch_cuda.ENV} to use one of them anyway)")
+    return major
 
 
 def libraries(cuda_major: int = CUDA_MAJOR) -> Dict[str, Path]:
@@ -165,9 +190,14 @@ def libraries(cuda_major: int = CUDA_MAJOR) -> Dict[str, Path]:
 
 def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = None,
             events: Optional[str] = None, log: Optional[str] = None, report: Optional[str] = None,
-            base: Optional[Mapping[str, str]] = None, cuda_major: int = CUDA_MAJOR,
-            gpu: Optional[str] = None, no_host_memory: Optional[bool] = None) -> Dict[str, str]:
+            base: Optional[Mapping[str, str]] = None, cuda_major: Optional[int] = None,
+            gpu: Optional[str] = None, no_host_memory: Optional[bool] = None,
+            command: Optional[Sequence[str]] = None) -> Dict[str, str]:
     """The environment a process needs to run on the simulator.
+
+    cuda_major: which set of fake libraries to preload (12 or 13); None
+    chooses by the torch that command (argv; None: this interpreter) will
+    import (cuda_major_for).
 
     no_host_memory: True sets GPUMEM_FAKECUDA_NO_HOST_MEMORY=1 (device
     memory holds no data: copies to the device store nothing, copies back
@@ -184,6 +214,8 @@ def sim_env(*, memory: Union[str, int, None] = None, devices: Optional[int] = No
     set) Triton, so torch.compile works with no setup.
     """
     env = dict(os.environ if base is None else base)
+    if cuda_major is None:
+        cuda_major = cuda_major_for(command, env)
     libs = libraries(cuda_major)
     preload = [str(p) for p in libs.values()]
     if env.get("LD_PRELOAD"):
@@ -241,7 +273,7 @@ def run_snippet(code: str, *, memory: Union[str, int, None] = "80GiB", devices: 
     if env:
         base.update(env)
     full = sim_env(memory=memory, devices=devices, events=events, base=base, gpu=gpu,
-                   no_host_memory=no_host_memory)
+                   no_host_memory=no_host_memory, command=[sys.executable])
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env=full, timeout=timeout)
     return proc.returncode, proc.stdout, proc.stderr
@@ -280,7 +312,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         env = sim_env(memory=args.memory, devices=args.devices, events=args.events,
                       log="stderr" if args.log == "-" else args.log, report=args.report,
-                      gpu=args.gpu, no_host_memory=True if args.no_host_memory else None)
+                      gpu=args.gpu, no_host_memory=True if args.no_host_memory else None,
+                      command=cmd or None)
     except SimError as exc:
         print(f"gpumem.sim: error: {exc}", file=sys.stderr)
         return 2

@@ -517,7 +517,8 @@ def run(args: argparse.Namespace) -> int:
                           f"beside the CUDA context of the simulated {model.key} "
                           f"({format_bytes(context, whole_units=True)}), which every process "
                           "using the GPU holds; give more than that; nothing was run")
-        env_probe = sim.sim_env(memory=memory, devices=devices, base=base, gpu=model.key)
+        env_probe = sim.sim_env(memory=memory, devices=devices, base=base, gpu=model.key,
+                                command=cmd)
         _launch.host_memory_env(env_probe, args.host_memory, nproc)
         if args.sample is not None:
             env_probe[ENV_SAMPLE] = args.sample

@@ -30,7 +30,9 @@ struct cublasContext {
     cublasPointerMode_t pointer_mode;
     cublasAtomicsMode_t atomics;
     int sm_count_target;
+#if SIM_CUDA_MAJOR >= 13
     cublasEmulationStrategy_t emulation;
+#endif
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -262,6 +264,7 @@ SIM_API cublasStatus_t CUBLASWINAPI cublasSetSmCountTarget(cublasHandle_t handle
     return CUBLAS_STATUS_SUCCESS;
 }
 
+#if SIM_CUDA_MAJOR >= 13
 SIM_API cublasStatus_t CUBLASWINAPI cublasGetEmulationStrategy(cublasHandle_t handle,
                                                                cublasEmulationStrategy_t *emulationStrategy)
 {
@@ -281,6 +284,7 @@ SIM_API cublasStatus_t CUBLASWINAPI cublasSetEmulationStrategy(cublasHandle_t ha
     handle->emulation = emulationStrategy;
     return CUBLAS_STATUS_SUCCESS;
 }
+#endif
 
 /* ---- logging: accepted, nothing is ever logged ---- */
 

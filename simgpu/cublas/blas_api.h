@@ -2,10 +2,10 @@
  * blas_api.h - the project's own declarations of the cuBLAS and cuBLASLt
  * subset the fake libcublas / libcublasLt implement, spelled as NVIDIA's
  * cublas_api.h and cublasLt.h spell them (so the fakes build without CUDA
- * headers). Layouts that may change between major versions
- * (cublasLtMatmulAlgo_t, cublasLtMatmulHeuristicResult_t) come from the
- * version directory's sim_abi.h. tests/sim/test_build.py checks these
- * prototypes against the real headers when they are installed.
+ * headers); versions come from the version directory's sim_abi.h, and
+ * the few declarations of one major version only test SIM_CUDA_MAJOR.
+ * tests/sim/test_build.py checks these prototypes and layouts against the
+ * real headers of each major version where they are installed.
  *
  * Must not: declare anything the fakes do not implement.
  */
@@ -17,6 +17,24 @@
 #include <stdio.h>
 
 #include "sim_abi.h"
+
+/* ---- cuBLASLt (cublasLt.h: the same in cuBLAS 12.8 and 13.1) ---- */
+
+typedef struct {
+    uint64_t data[8];
+} cublasLtMatmulAlgo_t;
+
+typedef struct {
+    cublasLtMatmulAlgo_t algo;
+    size_t workspaceSize;
+    int state; /* cublasStatus_t */
+    float wavesCount;
+    int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
+
+/* CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: the one preference attribute
+ * the fake reads (the heuristic's workspace must fit in it). */
+#define SIM_CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES 1
 
 #define CUBLASWINAPI
 
@@ -37,7 +55,9 @@ typedef enum { CUBLAS_POINTER_MODE_HOST = 0, CUBLAS_POINTER_MODE_DEVICE = 1 } cu
 typedef enum { CUBLAS_ATOMICS_NOT_ALLOWED = 0, CUBLAS_ATOMICS_ALLOWED = 1 } cublasAtomicsMode_t;
 typedef enum { CUBLAS_DEFAULT_MATH = 0 } cublasMath_t;
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+#if SIM_CUDA_MAJOR >= 13 /* emulation strategies are new in cuBLAS 13 */
 typedef enum { CUBLAS_EMULATION_STRATEGY_DEFAULT = 0 } cublasEmulationStrategy_t;
+#endif
 typedef enum libraryPropertyType_t { MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL } libraryPropertyType;
 typedef enum cudaDataType_t { CUDA_R_32F = 0 } cudaDataType;
 typedef enum cudaDataType_t cudaDataType_t;
@@ -80,8 +100,10 @@ cublasStatus_t CUBLASWINAPI cublasGetMathMode(cublasHandle_t handle, cublasMath_
 cublasStatus_t CUBLASWINAPI cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
 cublasStatus_t CUBLASWINAPI cublasGetSmCountTarget(cublasHandle_t handle, int* smCountTarget);
 cublasStatus_t CUBLASWINAPI cublasSetSmCountTarget(cublasHandle_t handle, int smCountTarget);
+#if SIM_CUDA_MAJOR >= 13
 cublasStatus_t CUBLASWINAPI cublasGetEmulationStrategy(cublasHandle_t handle, cublasEmulationStrategy_t* emulationStrategy);
 cublasStatus_t CUBLASWINAPI cublasSetEmulationStrategy(cublasHandle_t handle, cublasEmulationStrategy_t emulationStrategy);
+#endif
 const char* CUBLASWINAPI cublasGetStatusName(cublasStatus_t status);
 const char* CUBLASWINAPI cublasGetStatusString(cublasStatus_t status);
 cublasStatus_t CUBLASWINAPI cublasLoggerConfigure(int logIsOn, int logToStdOut, int logToStdErr, const char* logFileName);

@@ -4,12 +4,14 @@
  * structures whose fields changed between releases. Together with the
  * export lists next to this file (<soname>.syms) it is the only
  * version-specific part of simgpu/; build.py puts this directory on the
- * include path. Supporting another major version means adding a sibling
- * directory (cuda12/) with its own sim_abi.h and .syms files.
+ * include path. cuda12/ is its sibling for CUDA 12; code that differs
+ * between the two tests SIM_CUDA_MAJOR.
  *
- * Field names and layouts follow NVIDIA's CUDA 13.0 headers (driver_types.h,
- * cublasLt.h); tests/sim/test_build.py compiles a layout check against the
- * headers of the installed nvidia wheels when they are present.
+ * Field names and layouts follow NVIDIA's CUDA 13.0 headers
+ * (driver_types.h); the layouts that are the same in CUDA 12 and 13 are in
+ * cudart/rt_api.h and cublas/blas_api.h. tests/sim/test_build.py compiles
+ * a layout check against the headers of the installed nvidia wheels when
+ * they are present.
  */
 #ifndef GPUMEM_SIM_ABI_H
 #define GPUMEM_SIM_ABI_H
@@ -28,6 +30,14 @@
 #define SIM_CUBLAS_VER_MINOR 1
 #define SIM_CUBLAS_VER_PATCH 1
 #define SIM_CUBLAS_VERSION (SIM_CUBLAS_VER_MAJOR * 10000 + SIM_CUBLAS_VER_MINOR * 100 + SIM_CUBLAS_VER_PATCH)
+/* cuDNN of the nvidia-cudnn-cu13 wheel torch 2.14.1 pins (9.24.0), and its
+ * CUDNN_MAX_DEVICE_VERSION (sm_121). */
+#define SIM_CUDNN_MINOR 24
+#define SIM_CUDNN_PATCHLEVEL 0
+#define SIM_CUDNN_MAX_DEVICE_VERSION 1210
+/* NCCL of the nvidia-nccl-cu13 wheel torch 2.14.1 pins. */
+#define SIM_NCCL_MINOR 30
+#define SIM_NCCL_PATCH 7
 
 /* ---- runtime structures (driver_types.h of CUDA 13.0) ---- */
 
@@ -141,43 +151,5 @@ struct cudaPointerAttributes {
     void *hostPointer;
     long reserved[8];
 };
-
-struct cudaFuncAttributes {
-    size_t sharedSizeBytes;
-    size_t constSizeBytes;
-    size_t localSizeBytes;
-    int maxThreadsPerBlock;
-    int numRegs;
-    int ptxVersion;
-    int binaryVersion;
-    int cacheModeCA;
-    int maxDynamicSharedSizeBytes;
-    int preferredShmemCarveout;
-    int clusterDimMustBeSet;
-    int requiredClusterWidth;
-    int requiredClusterHeight;
-    int requiredClusterDepth;
-    int clusterSchedulingPolicyPreference;
-    int nonPortableClusterSizeAllowed;
-    int reserved[16];
-};
-
-/* ---- cuBLASLt (cublasLt.h of cuBLAS 13.1) ---- */
-
-typedef struct {
-    uint64_t data[8];
-} cublasLtMatmulAlgo_t;
-
-typedef struct {
-    cublasLtMatmulAlgo_t algo;
-    size_t workspaceSize;
-    int state; /* cublasStatus_t */
-    float wavesCount;
-    int reserved[4];
-} cublasLtMatmulHeuristicResult_t;
-
-/* CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: the one preference attribute
- * the fake reads (the heuristic's workspace must fit in it). */
-#define SIM_CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES 1
 
 #endif /* GPUMEM_SIM_ABI_H */

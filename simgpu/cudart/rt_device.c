@@ -219,9 +219,20 @@ static int attr(int dev, int a)
     return v;
 }
 
-RT_API cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+/* CUDA 12 exports this layout as cudaGetDeviceProperties_v2 (its header
+ * maps the name onto it); its cudaGetDeviceProperties has CUDA 11's
+ * layout and stays a stub. */
+#if SIM_CUDA_MAJOR >= 13
+#define RT_DEVICE_PROPERTIES cudaGetDeviceProperties
+#else
+#define RT_DEVICE_PROPERTIES cudaGetDeviceProperties_v2
+#endif
+#define RT_NAME_(f) #f
+#define RT_NAME(f) RT_NAME_(f)
+
+RT_API cudaError_t CUDARTAPI RT_DEVICE_PROPERTIES(struct cudaDeviceProp *prop, int device)
 {
-    SIM_ENTRY("cudaGetDeviceProperties");
+    SIM_ENTRY(RT_NAME(RT_DEVICE_PROPERTIES));
     cudaError_t e = rt_init();
     if (e != cudaSuccess)
         return rt_err(e);
@@ -273,8 +284,14 @@ RT_API cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp *prop
     prop->maxBlocksPerMultiProcessor = attr(d, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR);
     prop->reservedSharedMemPerBlock = (size_t)attr(d, CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK);
     prop->clusterLaunch = attr(d, CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH);
+#if SIM_CUDA_MAJOR >= 13
     prop->deviceNumaId = attr(d, CU_DEVICE_ATTRIBUTE_NUMA_ID);
     prop->hostNumaId = attr(d, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID);
+#else /* fields CUDA 13 removed */
+    prop->clockRate = attr(d, CU_DEVICE_ATTRIBUTE_CLOCK_RATE);
+    prop->memoryClockRate = attr(d, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
+    prop->deviceOverlap = attr(d, CU_DEVICE_ATTRIBUTE_GPU_OVERLAP);
+#endif
     /* Host-side features that hold for host memory posing as device memory. */
     prop->hostRegisterSupported = 1;
     prop->ipcEventSupported = 0;

@@ -39,16 +39,24 @@ static cudaError_t cudaStreamIsCapturing_impl(cudaStream_t stream,
 RT_PTSZ_PAIR(cudaStreamIsCapturing, (stream, pCaptureStatus),
           (cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus))
 
-static cudaError_t cudaStreamGetCaptureInfo_impl(cudaStream_t stream,
-                                                 enum cudaStreamCaptureStatus *captureStatus_out,
-                                                 unsigned long long *id_out, cudaGraph_t *graph_out,
-                                                 const cudaGraphNode_t **dependencies_out,
-                                                 const cudaGraphEdgeData **edgeData_out,
-                                                 size_t *numDependencies_out)
+static cudaError_t capture_info(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+                                unsigned long long *id_out, cudaGraph_t *graph_out,
+                                const cudaGraphNode_t **dependencies_out,
+                                const cudaGraphEdgeData **edgeData_out, size_t *numDependencies_out)
 {
     RT_WITH_CTX(cuStreamGetCaptureInfo_v3(stream, (CUstreamCaptureStatus *)captureStatus_out,
                                        (cuuint64_t *)id_out, graph_out, dependencies_out,
                                        (const CUgraphEdgeData **)edgeData_out, numDependencies_out));
+}
+
+#if SIM_CUDA_MAJOR >= 13
+static cudaError_t cudaStreamGetCaptureInfo_impl(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+           unsigned long long *id_out, cudaGraph_t *graph_out,
+           const cudaGraphNode_t **dependencies_out, const cudaGraphEdgeData **edgeData_out,
+           size_t *numDependencies_out)
+{
+    return capture_info(stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+                        numDependencies_out);
 }
 RT_PTSZ_PAIR(cudaStreamGetCaptureInfo,
           (stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
@@ -57,6 +65,47 @@ RT_PTSZ_PAIR(cudaStreamGetCaptureInfo,
            unsigned long long *id_out, cudaGraph_t *graph_out,
            const cudaGraphNode_t **dependencies_out, const cudaGraphEdgeData **edgeData_out,
            size_t *numDependencies_out))
+#else
+/* CUDA 12 has three generations of the query (its header maps
+ * cudaStreamGetCaptureInfo onto _v2): CUDA 11's status and id, _v2 with
+ * the graph and dependencies, _v3 with the edges too. */
+static cudaError_t cudaStreamGetCaptureInfo_v3_impl(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+           unsigned long long *id_out, cudaGraph_t *graph_out,
+           const cudaGraphNode_t **dependencies_out, const cudaGraphEdgeData **edgeData_out,
+           size_t *numDependencies_out)
+{
+    return capture_info(stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+                        numDependencies_out);
+}
+RT_PTSZ_PAIR(cudaStreamGetCaptureInfo_v3,
+          (stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+           numDependencies_out),
+          (cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+           unsigned long long *id_out, cudaGraph_t *graph_out,
+           const cudaGraphNode_t **dependencies_out, const cudaGraphEdgeData **edgeData_out,
+           size_t *numDependencies_out))
+
+static cudaError_t cudaStreamGetCaptureInfo_v2_impl(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+           unsigned long long *id_out, cudaGraph_t *graph_out,
+           const cudaGraphNode_t **dependencies_out, size_t *numDependencies_out)
+{
+    return capture_info(stream, captureStatus_out, id_out, graph_out, dependencies_out, NULL,
+                        numDependencies_out);
+}
+RT_PTSZ_PAIR(cudaStreamGetCaptureInfo_v2,
+          (stream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out),
+          (cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+           unsigned long long *id_out, cudaGraph_t *graph_out,
+           const cudaGraphNode_t **dependencies_out, size_t *numDependencies_out))
+
+static cudaError_t cudaStreamGetCaptureInfo_impl(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+           unsigned long long *id_out)
+{
+    return capture_info(stream, captureStatus_out, id_out, NULL, NULL, NULL, NULL);
+}
+RT_PTSZ_PAIR(cudaStreamGetCaptureInfo, (stream, captureStatus_out, id_out), (cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+           unsigned long long *id_out))
+#endif
 
 /* Needs no context (a per-thread setting), only an initialised driver. */
 RT_API cudaError_t CUDARTAPI cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
@@ -97,6 +146,7 @@ RT_API cudaError_t CUDARTAPI cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_
     RT_WITH_CTX(cuGraphGetNodes(graph, nodes, numNodes));
 }
 
+#if SIM_CUDA_MAJOR >= 13
 RT_API cudaError_t CUDARTAPI cudaGraphNodeGetDependencies(cudaGraphNode_t node, cudaGraphNode_t *pDependencies,
                                                           cudaGraphEdgeData *edgeData,
                                                           size_t *pNumDependencies)
@@ -105,6 +155,24 @@ RT_API cudaError_t CUDARTAPI cudaGraphNodeGetDependencies(cudaGraphNode_t node, 
     RT_WITH_CTX(cuGraphNodeGetDependencies_v2(node, pDependencies, (CUgraphEdgeData *)edgeData,
                                            pNumDependencies));
 }
+#else /* CUDA 12: the edges are _v2's */
+RT_API cudaError_t CUDARTAPI cudaGraphNodeGetDependencies_v2(cudaGraphNode_t node,
+                                                             cudaGraphNode_t *pDependencies,
+                                                             cudaGraphEdgeData *edgeData,
+                                                             size_t *pNumDependencies)
+{
+    SIM_ENTRY("cudaGraphNodeGetDependencies_v2");
+    RT_WITH_CTX(cuGraphNodeGetDependencies_v2(node, pDependencies, (CUgraphEdgeData *)edgeData,
+                                           pNumDependencies));
+}
+
+RT_API cudaError_t CUDARTAPI cudaGraphNodeGetDependencies(cudaGraphNode_t node, cudaGraphNode_t *pDependencies,
+                                                          size_t *pNumDependencies)
+{
+    SIM_ENTRY("cudaGraphNodeGetDependencies");
+    RT_WITH_CTX(cuGraphNodeGetDependencies_v2(node, pDependencies, NULL, pNumDependencies));
+}
+#endif
 
 RT_API cudaError_t CUDARTAPI cudaGraphDebugDotPrint(cudaGraph_t graph, const char *path, unsigned int flags)
 {

@@ -15,14 +15,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sim_abi.h" /* SIM_CUDART_VERSION */
+#include "sim_abi.h" /* SIM_CUDART_VERSION, SIM_CUDNN_MINOR, SIM_CUDNN_PATCHLEVEL */
 
-/* The release the fake reports: the nvidia-cudnn-cu13 wheel PyTorch 2.14.1
- * depends on (9.24.0). PyTorch compares the runtime major and minor with
- * the ones it was built against. */
+/* The release the fake reports: the nvidia-cudnn wheel of the CUDA major
+ * version's newest PyTorch (cudaNN/sim_abi.h: 9.24.0 for CUDA 13). PyTorch
+ * compares the runtime major and minor with the ones it was built
+ * against. */
 #define SIM_CUDNN_MAJOR 9
-#define SIM_CUDNN_MINOR 24
-#define SIM_CUDNN_PATCHLEVEL 0
 #define SIM_CUDNN_VERSION (SIM_CUDNN_MAJOR * 10000 + SIM_CUDNN_MINOR * 100 + SIM_CUDNN_PATCHLEVEL)
 #define SIM_CUDNN_DIM_MAX 8 /* CUDNN_DIM_MAX */
 

@@ -228,7 +228,7 @@ SIM_API size_t cudnnGetVersion(void)
 SIM_API size_t cudnnGetMaxDeviceVersion(void)
 {
     SIM_ENTRY("cudnnGetMaxDeviceVersion");
-    return 1210; /* CUDNN_MAX_DEVICE_VERSION of 9.24: sm_121 */
+    return SIM_CUDNN_MAX_DEVICE_VERSION;
 }
 
 SIM_API size_t cudnnGetCudartVersion(void)

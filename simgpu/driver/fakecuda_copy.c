@@ -289,11 +289,12 @@ FC_API CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psiz
 }
 
 /* Writes the value at once (the stream is checked, nothing waits). Flags:
- * 0 or CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER (1). */
-FC_API CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value,
-                                                unsigned int flags)
+ * 0 or CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER (1). The unversioned name
+ * (what torch 2.6 resolves) takes the same arguments. */
+static CUresult write_value32(int fn, CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                              unsigned int flags)
 {
-    FC_BEGIN(FN_cuStreamWriteValue32_v2, 1);
+    FC_BEGIN(fn, 1);
     struct CUctx_st *sctx;
     uint64_t key;
     int captured;
@@ -307,4 +308,16 @@ FC_API CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr add
         goto done;
     fc_fill_unlocked(addr, value, 4, 1); /* Note [No host memory] */
     FC_END();
+}
+
+FC_API CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                                unsigned int flags)
+{
+    return write_value32(FN_cuStreamWriteValue32_v2, stream, addr, value, flags);
+}
+
+FC_API CUresult CUDAAPI cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                             unsigned int flags)
+{
+    return write_value32(FN_cuStreamWriteValue32, stream, addr, value, flags);
 }

@@ -42,6 +42,7 @@
 #undef cuCtxPopCurrent
 #undef cuStreamDestroy
 #undef cuEventDestroy
+#undef cuStreamWriteValue32
 #else
 #include "cuda_min.h"
 #endif
@@ -53,6 +54,10 @@ CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx);
 CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx);
 CUresult CUDAAPI cuStreamDestroy(CUstream hStream);
 CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
+/* torch 2.6 looks it up by this name with dlsym (its DriverAPI list,
+ * c10/cuda/driver_api.h), and asserts it exists. */
+CUresult CUDAAPI cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                      unsigned int flags);
 /* CUDA 12's capture query, still exported by a CUDA 13 driver; cuda.h
  * declares it only for the driver's own build. */
 CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
@@ -86,7 +91,8 @@ CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStat
     X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyPeer)        \
     X(cuMemcpyPeerAsync) X(cuMemsetD8Async) X(cuMemsetD32_v2)               \
     X(cuMemsetD32Async) X(cuPointerGetAttribute) X(cuMemGetAddressRange_v2) \
-    X(cuStreamWriteValue32_v2) X(cuMemGetAllocationPropertiesFromHandle)    \
+    X(cuStreamWriteValue32_v2) X(cuStreamWriteValue32)                      \
+    X(cuMemGetAllocationPropertiesFromHandle)    \
     /* streams and events, runtime-level (fakecuda_sync.c, _event.c) */    \
     X(cuCtxGetStreamPriorityRange) X(cuStreamCreateWithPriority)            \
     X(cuStreamGetPriority) X(cuStreamGetFlags) X(cuStreamGetId)             \

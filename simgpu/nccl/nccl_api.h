@@ -12,10 +12,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sim_abi.h" /* SIM_NCCL_MINOR, SIM_NCCL_PATCH */
+
+/* The release the fake reports: the nvidia-nccl wheel of the CUDA major
+ * version's newest PyTorch (cudaNN/sim_abi.h: 2.30.7 for CUDA 13, 2.27.5
+ * for CUDA 12). */
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 30
-#define NCCL_PATCH 7
-#define NCCL_VERSION_CODE (NCCL_MAJOR * 10000 + NCCL_MINOR * 100 + NCCL_PATCH) /* 23007 */
+#define NCCL_MINOR SIM_NCCL_MINOR
+#define NCCL_PATCH SIM_NCCL_PATCH
+#define NCCL_VERSION_CODE (NCCL_MAJOR * 10000 + NCCL_MINOR * 100 + NCCL_PATCH)
 
 #define NCCL_UNIQUE_ID_BYTES 128
 typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;

@@ -5,7 +5,7 @@ caching on again brings caching back."""
 
 import os
 
-from harness import MiB, differs, empty, gpumem, settle, stat, torch_mod
+from harness import MiB, differs, empty, gpumem, needs, settle, stat, torch_mod
 
 VARIANTS = {"": {}, "env": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}}
 
@@ -24,6 +24,7 @@ def _restore():
     torch_mod().cuda.caching_allocator_enable(True)
 
 
+@needs("_C._cuda_cudaCachingAllocator_is_enabled", "cuda.caching_allocator_disabled")
 def check_enable_flag_reads_back():
     # with PYTORCH_NO_CUDA_MEMORY_CACHING set, caching stays off whatever is asked
     torch = torch_mod()
@@ -54,6 +55,7 @@ def check_freed_memory_goes_back_to_the_device():
         _restore()
 
 
+@needs("cuda.caching_allocator_disabled")
 def check_caching_comes_back():
     torch = torch_mod()
     settle()

@@ -18,6 +18,10 @@ both allocators.  Two decorators mark the exceptions:
   @sim_limit(why)   torch's behaviour that the simulated GPU cannot show
                     (it fails under both allocators for that reason); the
                     test is an expected failure until the simulator can.
+  @needs(*names)    the torch interfaces (dotted names under torch) the
+                    check exercises that an older supported release lacks:
+                    on a release without one the check is skipped, naming
+                    it and the release; where they exist it runs unchanged.
 
 A check restores what it changes (settings, fraction, recording), as
 PyTorch's own tests do; runner.py also turns recording off and empties the
@@ -61,6 +65,30 @@ def sim_limit(reason: str) -> Callable:
         fn.sim_limit = reason
         return fn
     return mark
+
+
+def needs(*names: str) -> Callable:
+    """Mark a check of torch interfaces some supported releases lack
+    ("cuda.caching_allocator_disabled" for torch.cuda.caching_allocator_disabled)."""
+    def mark(fn: Callable) -> Callable:
+        fn.needs = names
+        return fn
+    return mark
+
+
+def missing_interface(fn: Callable) -> str | None:
+    """Why fn cannot run on this torch (an interface it needs is absent), or None."""
+    names = getattr(fn, "needs", ())
+    if not names:
+        return None
+    torch = torch_mod()
+    for name in names:
+        obj = torch
+        for part in name.split("."):
+            if not hasattr(obj, part):
+                return f"torch {torch.__version__} has no torch.{name}"
+            obj = getattr(obj, part)
+    return None
 
 
 def gpumem_only(fn: Callable) -> Callable:

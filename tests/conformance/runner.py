@@ -81,6 +81,9 @@ def run(group: str, mode: str) -> dict:
                 raise AssertionError("gpumem.install() failed") from harness.INSTALL_ERROR
             if getattr(fn, "gpumem_only", False) and mode != "gpumem":
                 raise harness.Skip("a gpumem feature; torch has no counterpart")
+            lacking = harness.missing_interface(fn)
+            if lacking:
+                raise harness.Skip(lacking)
             fn()
             res = {"status": "pass", "detail": ""}
         except harness.Skip as e:

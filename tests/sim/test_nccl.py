@@ -316,10 +316,13 @@ def test_constants_and_config_layout_match_nvidia_header():
     if not headers:
         pytest.skip("NVIDIA's nccl.h (nvidia-nccl wheel) is not installed")
     text = headers[0].read_text()
-    ours = (ROOT / "simgpu/nccl/nccl_api.h").read_text()
+    # the release comes from the CUDA major version's sim_abi.h (the wheel
+    # installed here is nvidia-nccl-cu13's)
+    ours = ((ROOT / "simgpu/nccl/nccl_api.h").read_text()
+            + (ROOT / "simgpu/cuda13/sim_abi.h").read_text())
     for name in ("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH", "NCCL_UNIQUE_ID_BYTES"):
         theirs = re.search(rf"#define {name} (\d+)", text).group(1)
-        assert re.search(rf"#define {name} {theirs}\b", ours), name
+        assert re.search(rf"#define (SIM_)?{name} {theirs}\b", ours), name
     for name in ("ncclInvalidArgument", "ncclInvalidUsage", "ncclInProgress", "ncclNumResults",
                  "ncclAvg", "ncclNumOps", "ncclBfloat16", "ncclFloat8e5m2", "ncclNumTypes"):
         theirs = re.search(rf"\b{name}\s*=\s*(\d+)", text).group(1)

@@ -299,6 +299,7 @@ def test_driver_runtime_level_entry_points():
         o["attr"] = [dev.value, mt.value, cu.cuPointerGetAttribute(C.byref(dev), 9, C.c_uint64(C.addressof(host)))]
         cu.cuMemsetD32_v2(C.c_uint64(a), C.c_uint(0xdeadbeef), sz(8))
         cu.cuStreamWriteValue32_v2(None, C.c_uint64(a + 4), C.c_uint(7), 0)
+        cu.cuStreamWriteValue32(None, C.c_uint64(a + 8), C.c_uint(9), 0)  # torch 2.6's name
         cu.cuMemcpy(C.c_uint64(C.addressof(host)), C.c_uint64(a), sz(32))
         o["set32"] = list(host)
         o["bad"] = [cu.cuMemcpyDtoD_v2(C.c_uint64(a), C.c_uint64(C.addressof(host)), sz(4)),
@@ -314,7 +315,7 @@ def test_driver_runtime_level_entry_points():
     '''))
     assert out["range"] == [0, True, 8192]
     assert out["attr"] == [0, 2, 1]  # device 0, CU_MEMORYTYPE_DEVICE; host memory: INVALID_VALUE
-    assert out["set32"] == [0xdeadbeef, 7] + [0xdeadbeef] * 6
+    assert out["set32"] == [0xdeadbeef, 7, 9] + [0xdeadbeef] * 5
     assert out["bad"] == [1, 1, 500]
     assert out["stream"] == [0, True, 0]  # priority 3 clamped into [-5, 0]
     # modules and launches are implemented (Triton's and Inductor's kernels):
