@@ -150,7 +150,7 @@ int gm_elfsyms_lookup(const char *path, uint64_t offset, const char **name, cons
 
 /* ---- entry points for the torch shim (also reachable through the
  * capsule gpumem._C._hist_api, for code outside this extension) ---- */
-#define GM_HIST_API_VERSION 2
+#define GM_HIST_API_VERSION 3
 /* A TorchScript frame as the torch shim finds it (strings borrowed). */
 typedef struct gm_script_frame {
     const char *name;
@@ -182,6 +182,10 @@ typedef struct gm_hist_api {
     uint32_t (*intern_string)(const char *s, size_t len);
     uint32_t (*thread_metadata)(void);
     int (*string_view)(uint32_t id, const char **s, size_t *len);
+    /* appended (version 3): the locked half of a snapshot, for torch's C++
+     * snapshot() (gm_hist_copy, gm_hist_copy_free above) */
+    int (*copy)(gm_hist_copy_t *out);
+    void (*copy_free)(gm_hist_copy_t *c);
 } gm_hist_api_t;
 
 #ifdef __cplusplus

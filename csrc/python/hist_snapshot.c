@@ -311,7 +311,8 @@ static const gm_hist_api_t hist_api = {GM_HIST_API_VERSION,   gm_hist_capture,
                                        gm_hist_context_level, gm_hist_set_thread_metadata,
                                        gm_hist_capture_script, gm_hist_configure,
                                        gm_hist_get_config,    gm_intern_string,
-                                       gm_hist_thread_metadata, gm_intern_string_view};
+                                       gm_hist_thread_metadata, gm_intern_string_view,
+                                       gm_hist_copy,          gm_hist_copy_free};
 
 int gm_py_hist_snapshot_init(PyObject *module) {
     if (gm_py_hist_frames_init() < 0)

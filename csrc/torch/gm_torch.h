@@ -255,8 +255,16 @@ std::string run_oom_hook(int device, const gm_oom_info_t& oom, uintptr_t stream,
                          const char* message) noexcept;
 
 /* The thread's TorchScript frames, if it is running TorchScript, and the
- * traceback id for a capture at `level` (gm_torch_alloc.cpp). */
+ * traceback id for a capture at `level` (gm_torch_history.cpp). */
 uint32_t capture(int level);
+
+/* Note [C++ contexts] (gm_torch_snapshot.cpp): torch's context function
+ * while a C++ caller records with context (nullptr: none); whether one is
+ * set (lock-free); keep torch's context for a new traceback id (call with
+ * no lock held: it may take the GIL). */
+void set_cpp_context_fn(cca::CreateContextFn fn);
+bool cpp_contexts_on();
+void keep_cpp_context(uint32_t id);
 
 /* The process's allocator once created (never freed), else nullptr. */
 GpumemAllocator* instance();
