@@ -131,6 +131,10 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   }
 #endif
 #endif
+#if GM_TORCH_COMPILE_CONTEXT
+  void pushCompileContext(std::string& md) override;
+  void popCompileContext() override;
+#endif
 #if GM_TORCH_ANNOTATE_MEMORY
   bool supportsUserMetadata() override { return true; }
   void annotateMemory(const void* ptr, const std::string& metadata) override;
@@ -236,6 +240,9 @@ void settings_changed(const std::string& text);
 /* Record record_function ranges (Note [Annotations]) while recording: of
  * the calling thread, or of every thread with `global`; off clears them. */
 void set_annotations(bool enabled, bool global);
+/* Note [Compile contexts] (gm_torch_history.cpp): follow torch.compile
+ * regions while recording with compile_context=True. GIL held. */
+void set_compile_contexts(bool enabled);
 /* (name, start?, device, time_us) of each range event so far. */
 std::vector<std::tuple<std::string, bool, int, int64_t>> annotations();
 

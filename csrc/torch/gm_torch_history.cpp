@@ -24,6 +24,7 @@
 #include <torch/csrc/jit/runtime/interpreter.h>
 
 #include <chrono>
+#include <cstring>
 
 namespace gpumem {
 
@@ -190,6 +191,76 @@ std::vector<std::tuple<std::string, bool, int, int64_t>> annotations() {
   for (const annotation& a : g_annotations)
     out.emplace_back(a.name, a.start, a.device, a.time_us);
   return out;
+}
+
+/*
+ * Note [Compile contexts]
+ * Rationale: with _record_memory_history(compile_context=True) torch's
+ *   trace entries name the torch.compile region that made them
+ *   ("Torch-Compiled Region: 0/0", else "N/A"): a record_function callback
+ *   calls the allocator's push/popCompileContext around each region, and the
+ *   allocator keeps a per-thread stack whose top goes on every entry.
+ * Approach: push/popCompileContext keep the thread's stack of interned
+ *   names and tell gpumem's history the innermost (a thread-local read by
+ *   the trace hook, like user_metadata). Torch registers its callback only
+ *   when its own C++ _record_memory_history is called; gpumem.recording.history
+ *   turns the same callback on here (set_compile_contexts) when the Python
+ *   entry point asks for compile_context.
+ * Limitations: before torch 2.8 the allocator has no compile contexts, and
+ *   neither has gpumem's shim built against it. The callback runs on every
+ *   record_function of every thread while it is on, as torch's does.
+ */
+namespace {
+
+#if GM_TORCH_COMPILE_CONTEXT
+thread_local std::vector<uint32_t> t_compile; /* innermost last */
+at::CallbackHandle g_cc_handle = 0;            /* protected by: the GIL */
+constexpr char kRegion[] = "Torch-Compiled Region";
+
+bool is_region(const at::RecordFunction& fn) {
+  return std::strncmp(fn.name(), kRegion, sizeof kRegion - 1) == 0;
+}
+
+std::unique_ptr<at::ObserverContext> cc_start(const at::RecordFunction& fn) {
+  if (is_region(fn)) {
+    std::string name = fn.name();
+    c10::cuda::CUDACachingAllocator::pushCompileContext(name);
+  }
+  return nullptr;
+}
+
+void cc_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (is_region(fn))
+    c10::cuda::CUDACachingAllocator::popCompileContext();
+}
+#endif
+
+}  // namespace
+
+#if GM_TORCH_COMPILE_CONTEXT
+void GpumemAllocator::pushCompileContext(std::string& md) {
+  t_compile.push_back(g_hist->intern_string(md.data(), md.size()));
+  g_hist->set_thread_compile_context(t_compile.back());
+}
+
+void GpumemAllocator::popCompileContext() {
+  if (!t_compile.empty())
+    t_compile.pop_back();
+  g_hist->set_thread_compile_context(t_compile.empty() ? 0 : t_compile.back());
+}
+#endif
+
+void set_compile_contexts(bool enabled) {
+#if GM_TORCH_COMPILE_CONTEXT
+  if (g_cc_handle) {
+    at::removeCallback(g_cc_handle);
+    g_cc_handle = 0;
+  }
+  if (enabled)
+    g_cc_handle = at::addGlobalCallback(at::RecordFunctionCallback(&cc_start, &cc_end));
+#else
+  (void)enabled;
+#endif
 }
 
 }  // namespace gpumem
