@@ -46,6 +46,8 @@ int gm_alloc_create(const gm_backend_t *be, int device, const gm_settings_t *set
     a->settings = s;
     gm_pool_init(&a->small_pool, 1);
     gm_pool_init(&a->large_pool, 0);
+    gm_pool_init(&a->uncached_pool, 0);
+    a->uncached_pool.uncounted = 1;
     gm_stats_settings_changed(a);
     *out = a;
     return GM_OK;

@@ -127,6 +127,10 @@ static inline int gm_block_is_inactive_split(const gm_block_t *b) {
     return gm_block_is_free(b) && gm_free_block_is_split(b);
 }
 
+/* Whether a pool's blocks count in the statistics and the trace (all but
+ * the uncached pool: Note [Caching off] in malloc.c). */
+static inline int gm_pool_counted(const gm_pool_t *p) { return __builtin_expect(!p->uncounted, 1); }
+
 static inline int gm_pool_stat_type(const gm_pool_t *p) {
     return p->is_small ? GM_STAT_SMALL : GM_STAT_LARGE;
 }

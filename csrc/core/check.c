@@ -124,7 +124,8 @@ int gm_check_unlocked(gm_alloc_t *a, char *msg, size_t msglen) {
     checker_t c = {0, msg, msglen};
     if (msg && msglen)
         msg[0] = 0;
-    if (pool_trees_bad(&a->small_pool) || pool_trees_bad(&a->large_pool))
+    if (pool_trees_bad(&a->small_pool) || pool_trees_bad(&a->large_pool) ||
+        pool_trees_bad(&a->uncached_pool))
         violation(&c, "ordered tree is malformed", NULL);
     check_private_pools(&c, a);
     gm_block_list_t l;
@@ -138,6 +139,11 @@ int gm_check_unlocked(gm_alloc_t *a, char *msg, size_t msglen) {
     for (size_t i = 0; i < l.n; i++) {
         gm_block_t *b = l.v[i];
         check_block(&c, a, b);
+        if (!gm_pool_counted(b->pool)) { /* outside the stats: Note [Caching off] */
+            if (b->prev || b->next || b->expseg || b->n_uses || b->event_count)
+                violation(&c, "uncached block split, expandable or waiting on events", b);
+            continue;
+        }
         int t = gm_pool_stat_type(b->pool);
         int st = gm_block_state(b);
         events += b->event_count;

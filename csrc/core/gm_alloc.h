@@ -226,8 +226,9 @@ size_t gm_alloc_memory_limit(gm_alloc_t *a); /* 0 = none (or a limit of 0 bytes)
 int gm_alloc_get_memory_limit(gm_alloc_t *a, size_t *bytes);
 
 /* Caching on (the default) or off, as torch's caching_allocator_enable:
- * while off, every request gets a device allocation of its own and memory
- * goes back to the device as soon as its segment is wholly free. */
+ * while off, every request gets a device allocation of its own, outside the
+ * statistics, the trace and the walk, that goes back to the device when it
+ * is freed (Note [Caching off] in malloc.c). */
 void gm_alloc_set_caching(gm_alloc_t *a, int enabled);
 int gm_alloc_caching(gm_alloc_t *a);
 

@@ -10,6 +10,30 @@
  * out of memory, reported with the facts torch's message gives.
  * Every function takes the allocator lock and never the GIL.
  * Must not: abort, call Python, or call the backend without the lock.
+ *
+ * Note [Caching off]
+ * Rationale: torch's caching_allocator_enable(False) and
+ *   PYTORCH_NO_CUDA_MEMORY_CACHING send every request around torch's
+ *   allocator, to cudaMalloc, with a deleter that calls cudaFree: none of
+ *   that memory is in memory_stats() (requested_bytes, reserved_bytes,
+ *   num_device_alloc, ... all stay as they were), in the trace or in the
+ *   snapshot's segments, the memory fraction does not limit it, and
+ *   record_stream ignores it. What was allocated before caching went off
+ *   is freed into the cache as usual, and what was allocated while it was
+ *   off goes back to the device when freed, whatever the switch says then.
+ * Approach: while a->uncached, every request (routed to a private pool or
+ *   not) is served from the uncached pool: a plain segment of its own
+ *   rounded size, never reused. The pool is marked uncounted, and the one
+ *   function of each transition in stats.h and the trace hook
+ *   (gm_trace_pool_unlocked) skip its blocks, so the statistics, the trace
+ *   and the snapshots (walk.c) never see them; check.c leaves them out of
+ *   what it recomputes. A freed block of the pool goes straight back to
+ *   the device (a synchronous free, as torch's cudaFree).
+ * Limitations: a request that finds the device full still releases the
+ *   cache and retries, and out of memory is counted and raised with
+ *   torch's message (torch raises its CUDA error). During a CUDA graph
+ *   capture a freed block stays in the uncached pool until the first event
+ *   poll after it (Note [Capture-safe paths] in release.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,17 +62,19 @@ typedef struct request {
 } request_t;
 
 /* New device memory for the request. 1 on success, 0 when out of memory
- * (the device's or the limit's), <0 on other errors. With caching off the
+ * (the device's or the limit's), <0 on other errors. The uncached pool's
  * request gets a plain segment of its own size, as torch's uncached path
- * gets a cudaMalloc of its own. */
+ * gets a cudaMalloc of its own, outside the limit (Note [Caching off]). */
 static int alloc_block(gm_alloc_t *a, request_t *r, int is_retry, uint32_t ctx) {
-    if (is_retry)
+    int counted = gm_pool_counted(r->pool);
+    if (is_retry && counted)
         gm_stats_alloc_retry(a);
-    if (a->set_fraction && gm_reserved_bytes(a) + r->alloc_size > a->allowed_memory_maximum) {
+    if (counted && a->set_fraction &&
+        gm_reserved_bytes(a) + r->alloc_size > a->allowed_memory_maximum) {
         r->limit_hit = 1;
         return 0;
     }
-    if (gm_expandable_on(a) && !a->uncached)
+    if (gm_expandable_on(a) && counted)
         return gm_expandable_alloc_unlocked(a, r->stream, r->pool, r->size, ctx, &r->block);
     return gm_segment_alloc_unlocked(a, r->pool, r->stream, r->alloc_size, ctx, &r->block);
 }
@@ -94,7 +120,7 @@ alloc_found_block(gm_alloc_t *a, request_t *r, size_t orig_size, uint32_t ctx, i
     int rc = gm_ptrmap_put(&a->active, b->ptr, (uintptr_t)b);
     GM_ASSERT(rc == GM_OK, "the active map had room reserved");
     (void)rc;
-    gm_trace_unlocked(a, GM_ACT_ALLOC, b->ptr, orig_size, b->stream, ctx);
+    gm_trace_pool_unlocked(a, b->pool, GM_ACT_ALLOC, b->ptr, orig_size, b->stream, ctx);
     gm_stats_block_allocated(a, b, &d);
     *out_block = b;
     return GM_OK;
@@ -125,19 +151,21 @@ static void fill_oom(gm_alloc_t *a, const request_t *r, size_t orig, size_t dev_
         oom->private_pool_cached += cached_bytes(&p->small) + cached_bytes(&p->large);
 }
 
-/* Poll the events; with caching off, what their completion freed goes
- * back to the device at once. */
+/* Poll the events; then what the uncached pool still holds (freed during
+ * a capture) goes back to the device. */
 static int process_events(gm_alloc_t *a, uint32_t ctx) {
     int rc = gm_events_process_unlocked(a, ctx);
-    if (rc == GM_OK && a->uncached)
-        rc = gm_release_free_unlocked(a, ctx);
+    if (rc == GM_OK && a->uncached_pool.blocks.count)
+        rc = gm_release_pool_unlocked(a, &a->uncached_pool, ctx);
     return rc;
 }
 
 /* Find or make a block for r: 1, 0 (out of memory) or <0. With caching
- * off nothing cached is reused and nothing is collected. */
+ * off the request goes to the uncached pool: nothing cached is reused and
+ * nothing is collected (Note [Caching off]). */
 static int find_or_make(gm_alloc_t *a, request_t *r, uint32_t ctx) {
     if (a->uncached) {
+        r->pool = &a->uncached_pool;
         r->alloc_size = r->size;
     } else {
         if ((r->block = gm_pool_find_free_unlocked(a, r->pool, r->stream, r->size)))
@@ -262,14 +290,14 @@ __attribute__((always_inline)) static inline int free_block(gm_alloc_t *a, gm_bl
                                                             uint32_t ctx) {
     b->allocated = 0;
     gm_stats_block_free_requested(a, b);
-    gm_trace_unlocked(a, GM_ACT_FREE_REQUESTED, b->ptr, b->requested_size, b->stream,
+    gm_trace_pool_unlocked(a, b->pool, GM_ACT_FREE_REQUESTED, b->ptr, b->requested_size, b->stream,
                       ctx ? ctx : b->ctx);
     int rc = GM_OK;
     if (b->n_uses) /* no event is recorded while a pool is allocating */
         rc = a->n_allocating ? gm_events_defer_unlocked(a, b) : gm_events_insert_unlocked(a, b);
     if (gm_block_is_free(b)) {
         gm_pool_return_unlocked(a, b, ctx);
-        if (a->uncached && rc == GM_OK) /* tested here: no call per cached free */
+        if (!gm_pool_counted(b->pool) && rc == GM_OK) /* tested here: no call per cached free */
             rc = gm_release_uncached_unlocked(a, b, ctx);
     }
     return rc;
@@ -332,9 +360,12 @@ int gm_alloc_block_size(gm_alloc_t *a, uintptr_t ptr, size_t *size, size_t *requ
 int gm_alloc_record_stream(gm_alloc_t *a, uintptr_t ptr, uintptr_t stream) {
     gm_lock(a);
     gm_block_t *b = live_block(a, ptr);
-    /* Uses on the allocation stream need no synchronisation. */
-    int rc = !b ? GM_ENOTFOUND : stream == b->stream ? GM_OK
-                                                     : gm_events_record_use_unlocked(a, b, stream);
+    /* Uses on the allocation stream need no synchronisation, nor do those
+     * of an uncached block: its free is synchronous (Note [Caching off]). */
+    int rc = !b ? GM_ENOTFOUND
+             : stream == b->stream || !gm_pool_counted(b->pool)
+                 ? GM_OK
+                 : gm_events_record_use_unlocked(a, b, stream);
     gm_unlock(a);
     return rc;
 }
@@ -343,7 +374,7 @@ int gm_alloc_annotate(gm_alloc_t *a, uintptr_t ptr, uint32_t ctx) {
     gm_lock(a);
     gm_block_t *b = live_block(a, ptr);
     if (b)
-        gm_trace_unlocked(a, GM_ACT_ANNOTATE, b->ptr, b->requested_size, b->stream, ctx);
+        gm_trace_pool_unlocked(a, b->pool, GM_ACT_ANNOTATE, b->ptr, b->requested_size, b->stream, ctx);
     gm_unlock(a);
     return b ? GM_OK : GM_ENOTFOUND;
 }

@@ -91,7 +91,7 @@ gm_block_t *gm_pool_find_free_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t
 
 void gm_pool_return_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
     GM_ASSERT(gm_block_is_free(b) && b->in_tree == GM_IN_NONE, "returning a block still in use");
-    gm_trace_unlocked(a, GM_ACT_FREE_COMPLETED, b->ptr, b->requested_size, b->stream,
+    gm_trace_pool_unlocked(a, b->pool, GM_ACT_FREE_COMPLETED, b->ptr, b->requested_size, b->stream,
                       ctx ? ctx : b->ctx);
     b->ctx = 0;
     size_t size = b->size, requested = b->requested_size;

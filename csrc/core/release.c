@@ -32,8 +32,7 @@
  *   frees oversize blocks or runs the garbage collector during a capture
  *   (and the capture then fails), gpumem keeps them and may report out of
  *   memory instead. With caching off, a block freed during a capture is
- *   given back at the first event poll after it, or (in a private pool)
- *   when the pool is released.
+ *   given back at the first event poll after it.
  */
 #include "release.h"
 
@@ -78,14 +77,9 @@ int gm_release_oversize_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t strea
 }
 
 int gm_release_uncached_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
-    if (!a->uncached || gm_capture_underway(a))
+    if (gm_pool_counted(b->pool) || gm_capture_underway(a) || !gm_segment_is_releasable(b))
         return GM_OK;
-    if (!b->expseg)
-        return gm_segment_is_releasable(b) ? gm_segment_release_unlocked(a, b, ctx) : GM_OK;
-    int rc = gm_expandable_unmap_unlocked(a, b, ctx);
-    if (rc == GM_OK && !b->mapped && !b->prev && !b->next)
-        rc = gm_expandable_release_unlocked(a, b);
-    return rc;
+    return gm_segment_release_unlocked(a, b, ctx);
 }
 
 int gm_release_pool_unlocked(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx) {
@@ -121,7 +115,9 @@ int gm_release_pool_unlocked(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx) {
 
 int gm_release_free_unlocked(gm_alloc_t *a, uint32_t ctx) {
     int rc = gm_release_pool_unlocked(a, &a->large_pool, ctx);
-    return rc ? rc : gm_release_pool_unlocked(a, &a->small_pool, ctx);
+    if (rc == GM_OK)
+        rc = gm_release_pool_unlocked(a, &a->small_pool, ctx);
+    return rc ? rc : gm_release_pool_unlocked(a, &a->uncached_pool, ctx);
 }
 
 /* torch's release_cached_blocks({0, 0}): the default pools, then every

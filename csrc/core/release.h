@@ -23,8 +23,8 @@ int gm_release_pool_unlocked(gm_alloc_t *a, gm_pool_t *pool, uint32_t ctx);
  * release here, nothing while a capture may be underway
  * (gm_capture_underway; Note [Capture-safe paths] in release.c). */
 int gm_release_all_unlocked(gm_alloc_t *a, uint32_t ctx);
-/* The default pools' part without waiting: only what is free now goes
- * back (caching off). */
+/* The default pools' part (and the uncached pool's) without waiting: only
+ * what is free now goes back. */
 int gm_release_free_unlocked(gm_alloc_t *a, uint32_t ctx);
 /* Release the cached segments of every freeable private pool (of `only`
  * if not NULL), deleting those left with no memory (torch's
@@ -34,10 +34,10 @@ int gm_release_freeable_pools_unlocked(gm_alloc_t *a, gm_private_pool_t *only, u
 /* Release large unsplit cached blocks older than average until the
  * reserved memory is below the threshold of the limit. */
 void gm_release_gc_unlocked(gm_alloc_t *a, uint32_t ctx);
-/* With caching off (a->uncached), free block b, just returned to its pool,
- * goes back to the device if its segment (or its granules) are now wholly
- * free; with caching on, nothing happens (callers on the free path test
- * a->uncached first, to save the call). */
+/* A block of the uncached pool, just returned to it, goes back to the
+ * device (not while a capture may be underway); for any other block
+ * nothing happens (callers on the free path test the pool first, to save
+ * the call). Note [Caching off] in malloc.c. */
 int gm_release_uncached_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx);
 
 #endif /* GM_CORE_RELEASE_H */

@@ -30,7 +30,7 @@ int gm_segment_alloc_unlocked(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, 
     b->seg.ctx = ctx;
     b->seg.oversize = (uint8_t)gm_size_is_oversize(&a->settings, size);
     gm_stats_segment_mapped(a, pool, size, &b->seg);
-    gm_trace_unlocked(a, GM_ACT_SEGMENT_ALLOC, ptr, size, stream, ctx);
+    gm_trace_pool_unlocked(a, pool, GM_ACT_SEGMENT_ALLOC, ptr, size, stream, ctx);
     *out = b;
     return 1;
 }
@@ -41,7 +41,7 @@ int gm_segment_release_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
     int rc = gm_dev_seg_free(a, b->ptr, b->size);
     if (rc)
         return rc;
-    gm_trace_unlocked(a, GM_ACT_SEGMENT_FREE, b->ptr, b->size, b->stream, ctx ? ctx : b->seg.ctx);
+    gm_trace_pool_unlocked(a, b->pool, GM_ACT_SEGMENT_FREE, b->ptr, b->size, b->stream, ctx ? ctx : b->seg.ctx);
     gm_stats_segment_unmapped(a, b->pool, b->size, &b->seg);
     gm_pool_remove_unlocked(b);
     gm_block_delete_unlocked(a, b);

@@ -12,6 +12,8 @@
 
 void gm_stats_segment_mapped(gm_alloc_t *a, const gm_pool_t *pool, size_t bytes,
                              const gm_seg_facts_t *facts) {
+    if (!gm_pool_counted(pool))
+        return;
     gm_stats_t *st = &a->stats;
     int t = gm_pool_stat_type(pool);
     gm_stat_fam_inc(st->reserved_bytes, t, (int64_t)bytes);
@@ -27,6 +29,8 @@ void gm_stats_segment_mapped(gm_alloc_t *a, const gm_pool_t *pool, size_t bytes,
 
 void gm_stats_segment_unmapped(gm_alloc_t *a, const gm_pool_t *pool, size_t bytes,
                                const gm_seg_facts_t *facts) {
+    if (!gm_pool_counted(pool))
+        return;
     gm_stats_t *st = &a->stats;
     int t = gm_pool_stat_type(pool);
     gm_stat_fam_dec(st->reserved_bytes, t, (int64_t)bytes);

@@ -12,6 +12,10 @@
  * merges blocks passes the net change in the set of inactive split blocks it
  * touched (gm_split_delta_t: subtract each touched block as it was before,
  * add each as it is after), so accumulated counts match torch's.
+ *
+ * The blocks and segments of the uncached pool change nothing here (torch
+ * counts none of what it allocates while caching is off): each transition
+ * returns first for them (Note [Caching off] in malloc.c).
  */
 #ifndef GM_CORE_STATS_H
 #define GM_CORE_STATS_H
@@ -75,6 +79,8 @@ static inline void gm_stats_split_changed(gm_stats_t *st, int type, const gm_spl
  * inline their caller, and an out-of-line copy cost a pair about 5%. */
 __attribute__((always_inline)) static inline void
 gm_stats_block_allocated(gm_alloc_t *a, const gm_block_t *b, const gm_split_delta_t *d) {
+    if (!gm_pool_counted(b->pool))
+        return;
     gm_stats_t *st = &a->stats;
     int t = gm_pool_stat_type(b->pool);
     gm_stats_split_changed(st, t, d);
@@ -89,6 +95,8 @@ gm_stats_block_allocated(gm_alloc_t *a, const gm_block_t *b, const gm_split_delt
 
 /* The caller freed b (it stays active until its events complete). */
 static inline void gm_stats_block_free_requested(gm_alloc_t *a, const gm_block_t *b) {
+    if (!gm_pool_counted(b->pool))
+        return;
     gm_stats_t *st = &a->stats;
     int t = gm_pool_stat_type(b->pool);
     gm_stat_fam_dec(st->allocation, t, 1);
@@ -102,6 +110,8 @@ static inline void gm_stats_block_free_requested(gm_alloc_t *a, const gm_block_t
 static inline void gm_stats_block_free_completed(gm_alloc_t *a, const gm_pool_t *pool,
                                                  size_t size, size_t requested,
                                                  const gm_split_delta_t *d) {
+    if (!gm_pool_counted(pool))
+        return;
     gm_stats_t *st = &a->stats;
     int t = gm_pool_stat_type(pool);
     gm_stats_split_changed(st, t, d);

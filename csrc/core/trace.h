@@ -15,4 +15,13 @@ static inline void gm_trace_unlocked(gm_alloc_t *a, gm_action_t act, uintptr_t a
         a->trace_fn(a->trace_arg, a->device, act, addr, size, stream, ctx);
 }
 
+/* An event about a block or segment of `pool`: none for the uncached pool,
+ * whose memory torch never records (Note [Caching off] in malloc.c). */
+static inline void gm_trace_pool_unlocked(gm_alloc_t *a, const gm_pool_t *pool, gm_action_t act,
+                                          uintptr_t addr, size_t size, uintptr_t stream,
+                                          uint32_t ctx) {
+    if (a->trace_fn && !pool->uncounted)
+        a->trace_fn(a->trace_arg, a->device, act, addr, size, stream, ctx);
+}
+
 #endif /* GM_CORE_TRACE_H */

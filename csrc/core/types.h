@@ -70,6 +70,10 @@ typedef struct gm_pool {
     gm_tree_t blocks;   /* free, mapped: ordered by (stream, size, ptr) */
     gm_tree_t unmapped; /* unmapped expandable ranges: (stream, ptr) */
     int is_small;       /* immutable after init */
+    /* The uncached pool (gm_alloc_t.uncached_pool): its blocks are outside
+     * the statistics, the trace and the snapshots, as torch's uncached
+     * path is outside its allocator; immutable after init. */
+    int uncounted;
     int64_t get_free_blocks_call_count; /* the garbage collector's clock */
     /* The private pool this pool belongs to, NULL for the default pools;
      * immutable after init. A block's pool is set when the block is made
@@ -139,6 +143,9 @@ struct gm_alloc {
     size_t allowed_memory_maximum;
     int set_fraction;       /* a memory limit is in force */
     int uncached;           /* caching is off (gm_alloc_set_caching) */
+    /* Where requests go while caching is off: each gets a plain segment of
+     * its own, given back when freed (Note [Caching off] in malloc.c). */
+    gm_pool_t uncached_pool;
 
     gm_expseg_t *expsegs;
     gm_events_t events;

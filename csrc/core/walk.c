@@ -4,7 +4,8 @@
  *
  * One gm_segment_info_t is reported per plain segment and per contiguous
  * mapped range of an expandable segment, in address order, under the
- * allocator lock. Must not modify allocator state.
+ * allocator lock; the uncached pool's segments are left out. Must not
+ * modify allocator state.
  */
 #include "walk.h"
 
@@ -27,7 +28,8 @@ static void add_pool(gm_block_list_t *l, const gm_pool_t *p) {
 }
 
 int gm_walk_gather_unlocked(gm_alloc_t *a, gm_block_list_t *l) {
-    size_t total = pool_count(&a->small_pool) + pool_count(&a->large_pool) + a->active.count;
+    size_t total = pool_count(&a->small_pool) + pool_count(&a->large_pool) +
+                   pool_count(&a->uncached_pool) + a->active.count;
     for (gm_private_pool_t *p = a->private_pools; p; p = p->next)
         total += pool_count(&p->small) + pool_count(&p->large);
     l->n = 0;
@@ -36,6 +38,7 @@ int gm_walk_gather_unlocked(gm_alloc_t *a, gm_block_list_t *l) {
         return GM_ENOMEM;
     add_pool(l, &a->small_pool);
     add_pool(l, &a->large_pool);
+    add_pool(l, &a->uncached_pool);
     for (gm_private_pool_t *p = a->private_pools; p; p = p->next) {
         add_pool(l, &p->small);
         add_pool(l, &p->large);
@@ -66,10 +69,12 @@ static int walk(gm_alloc_t *a, const gm_mempool_id_t *filter, gm_segment_fn fn, 
         gm_unlock(a);
         return rc;
     }
-    /* One segment per contiguous mapped range. */
+    /* One segment per contiguous mapped range; none for the uncached pool,
+     * which torch's snapshots never show (Note [Caching off] in malloc.c). */
     size_t nheads = 0;
     for (size_t i = 0; i < l.n; i++)
         if (l.v[i]->mapped && !(l.v[i]->prev && l.v[i]->prev->mapped) &&
+            gm_pool_counted(l.v[i]->pool) &&
             (!filter || gm_mempool_id_eq(gm_privpool_id_of(l.v[i]->pool), *filter)))
             l.v[nheads++] = l.v[i];
     gm_walk_sort_by_ptr(l.v, nheads);

@@ -41,6 +41,7 @@ typedef struct gm_hist_event {
     uint64_t time_us; /* microseconds since the Unix epoch; in the ring, ticks (clock.h) */
     uint32_t tb;      /* interned traceback id; 0 = no frames attached */
     uint32_t meta;    /* interned user_metadata string id; 0 = "" */
+    uint32_t compile; /* interned compile context (torch.compile region); 0 = "N/A" */
     uint8_t action;   /* gm_action_t */
 } gm_hist_event_t;
 
@@ -88,6 +89,10 @@ void gm_hist_detach(gm_alloc_t *a);
 /* Per-thread user_metadata string id (see intern.h for the strings). */
 void gm_hist_set_thread_metadata(uint32_t id);
 uint32_t gm_hist_thread_metadata(void);
+/* Per-thread compile context string id (the innermost torch.compile region
+ * the thread runs, torch's pushCompileContext; 0: none), carried by the
+ * events the thread causes. */
+void gm_hist_set_thread_compile_context(uint32_t id);
 
 /* ---- the locked half of a snapshot ---- */
 typedef struct gm_hist_block {
@@ -192,6 +197,11 @@ typedef struct gm_hist_api {
      * stack captured (1 unless the sampled mode leaves it out); call once
      * per allocation, before capture, with no lock held. Lock-free. */
     int (*sample)(size_t size);
+    /* appended (version 3): the locked half of a snapshot, for torch's C++
+     * snapshot() (gm_hist_copy, gm_hist_copy_free above) */
+    int (*copy)(gm_hist_copy_t *out);
+    void (*copy_free)(gm_hist_copy_t *c);
+    void (*set_thread_compile_context)(uint32_t id);
 } gm_hist_api_t;
 
 #ifdef __cplusplus

@@ -64,6 +64,7 @@ static uint64_t cfg_max_entries = 1;   /* protected by: registry lock */
 static int cfg_context_requested;      /* protected by: registry lock */
 
 static _Thread_local uint32_t tls_metadata; /* this thread's user_metadata id */
+static _Thread_local uint32_t tls_compile;  /* this thread's compile context id */
 
 static void init_slots(void) {
     gm_clock_anchor(); /* before any event can be stamped */
@@ -83,6 +84,8 @@ void gm_hist_set_thread_metadata(uint32_t id) { tls_metadata = id; }
 
 uint32_t gm_hist_thread_metadata(void) { return tls_metadata; }
 
+void gm_hist_set_thread_compile_context(uint32_t id) { tls_compile = id; }
+
 /* --------------------------------------------------------------- hook */
 
 /* Record one event on slot s; takes its ring lock. */
@@ -96,6 +99,7 @@ static void push_event(slot_t *s, gm_action_t action, uint64_t addr, uint64_t si
     /* torch attaches a context to trace entries only from level ALLOC. */
     e.tb = gm_hist_context_level() >= GM_HIST_CTX_ALLOC ? ctx : 0;
     e.meta = tls_metadata;
+    e.compile = tls_compile;
     e.action = (uint8_t)action;
     pthread_mutex_lock(&s->ring_lock);
     gm_ring_push(&s->ring, &e);

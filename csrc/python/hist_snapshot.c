@@ -58,12 +58,13 @@ static PyObject *event_dict(gm_frames_t *b, const gm_hist_event_t *e) {
     int act = e->action < GM_ACT_COUNT ? e->action : GM_ACT_SNAPSHOT;
     PyObject *frames = e->tb ? gm_frames_list(b, e->tb) : NULL;
     PyObject *meta = gm_frames_meta(b, e->meta);
+    PyObject *compile = e->compile ? gm_frames_meta(b, e->compile) : keys[V_NA];
     if (put_borrowed(d, keys[K_ACTION], action_str[act]) < 0 ||
         put(d, keys[act == GM_ACT_OOM ? K_DEVICE_FREE : K_ADDR], gm_frames_int(b, e->addr)) < 0 ||
         put(d, keys[K_SIZE], gm_frames_int(b, e->size)) < 0 ||
         put(d, keys[K_STREAM], gm_frames_int(b, e->stream)) < 0 ||
         put(d, keys[K_TIME_US], gm_frames_int(b, e->time_us)) < 0 ||
-        put_borrowed(d, keys[K_COMPILE_CONTEXT], keys[V_NA]) < 0 || !meta ||
+        !compile || put_borrowed(d, keys[K_COMPILE_CONTEXT], compile) < 0 || !meta ||
         put_borrowed(d, keys[K_USER_METADATA], meta) < 0 ||
         put_borrowed(d, keys[K_POOL_ID], gm_py_default_pool_id()) < 0 || (e->tb && !frames) ||
         (frames && put_borrowed(d, keys[K_FRAMES], frames) < 0)) {
@@ -320,7 +321,9 @@ static const gm_hist_api_t hist_api = {GM_HIST_API_VERSION,   gm_hist_capture,
                                        gm_hist_capture_script, gm_hist_configure,
                                        gm_hist_get_config,    gm_intern_string,
                                        gm_hist_thread_metadata, gm_intern_string_view,
-                                       gm_hist_sample};
+                                       gm_hist_sample,
+                                       gm_hist_copy,          gm_hist_copy_free,
+                                       gm_hist_set_thread_compile_context};
 
 int gm_py_hist_snapshot_init(PyObject *module) {
     if (gm_py_hist_frames_init() < 0)

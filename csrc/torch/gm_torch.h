@@ -131,6 +131,10 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   }
 #endif
 #endif
+#if GM_TORCH_COMPILE_CONTEXT
+  void pushCompileContext(std::string& md) override;
+  void popCompileContext() override;
+#endif
 #if GM_TORCH_ANNOTATE_MEMORY
   bool supportsUserMetadata() override { return true; }
   void annotateMemory(const void* ptr, const std::string& metadata) override;
@@ -236,6 +240,9 @@ void settings_changed(const std::string& text);
 /* Record record_function ranges (Note [Annotations]) while recording: of
  * the calling thread, or of every thread with `global`; off clears them. */
 void set_annotations(bool enabled, bool global);
+/* Note [Compile contexts] (gm_torch_history.cpp): follow torch.compile
+ * regions while recording with compile_context=True. GIL held. */
+void set_compile_contexts(bool enabled);
 /* (name, start?, device, time_us) of each range event so far. */
 std::vector<std::tuple<std::string, bool, int, int64_t>> annotations();
 
@@ -255,11 +262,19 @@ std::string run_oom_hook(int device, const gm_oom_info_t& oom, uintptr_t stream,
                          const char* message) noexcept;
 
 /* The thread's TorchScript frames, if it is running TorchScript, and the
- * traceback id for a capture at `level` (gm_torch_alloc.cpp). */
+ * traceback id for a capture at `level` (gm_torch_history.cpp). */
 uint32_t capture(int level);
 /* The same for an allocation of `size` bytes (level STATE), 0 when the
  * sampled mode leaves it out (gm_torch_history.cpp). */
 uint32_t capture_alloc(size_t size);
+
+/* Note [C++ contexts] (gm_torch_snapshot.cpp): torch's context function
+ * while a C++ caller records with context (nullptr: none); whether one is
+ * set (lock-free); keep torch's context for a new traceback id (call with
+ * no lock held: it may take the GIL). */
+void set_cpp_context_fn(cca::CreateContextFn fn);
+bool cpp_contexts_on();
+void keep_cpp_context(uint32_t id);
 
 /* The process's allocator once created (never freed), else nullptr. */
 GpumemAllocator* instance();

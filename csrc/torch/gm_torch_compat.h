@@ -46,6 +46,10 @@
 /* setNoSplit on a MemPool. */
 #define GM_TORCH_POOL_NO_SPLIT GM_TORCH_AT_LEAST(2, 10)
 
+/* TraceEntry's constructor takes the MemPool id. */
+#define GM_TORCH_TRACE_MEMPOOL GM_TORCH_AT_LEAST(2, 8)
+/* push/popCompileContext: torch.compile regions on trace entries. */
+#define GM_TORCH_COMPILE_CONTEXT GM_TORCH_AT_LEAST(2, 8)
 /* recordHistory's clearHistory. */
 #define GM_TORCH_HISTORY_CLEAR GM_TORCH_AT_LEAST(2, 8)
 /* set/getUserMetadata (torch.cuda.memory._set_memory_metadata). */

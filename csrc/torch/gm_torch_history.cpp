@@ -13,11 +13,8 @@
  *     TorchScript interpreter, go before its Python frames (torch records
  *     them at stacks='python' too);
  *   - recordHistory(): torch's C++ _record_memory_history configures
- *     gpumem's recording (Python stacks: which gather function torch picked
- *     cannot be told from its pointer);
- *   - snapshot(): segments and blocks for C++ callers such as
- *     torch::cuda::_memory_snapshot_pickled, without frames or traces (those
- *     need gpumem's snapshot, gpumem.recording.history.snapshot);
+ *     gpumem's recording and hands over torch's context function (Note
+ *     [C++ contexts] in gm_torch_snapshot.cpp, where snapshot() is);
  *   - set/getUserMetadata(): the calling thread's user_metadata;
  *   - Note [Annotations]: record_function ranges while recording.
  * Must not: hold a core lock while calling torch or Python.
@@ -29,12 +26,13 @@
 #include <torch/csrc/jit/runtime/interpreter.h>
 
 #include <chrono>
+#include <cstring>
 
 namespace gpumem {
 
-uint32_t capture(int level) {
-  if (g_hist->context_level() < level)
-    return 0; /* the common case: not recording at this level */
+namespace {
+
+uint32_t capture_ids(int level) {
   std::vector<torch::jit::StackEntry> script = torch::jit::currentCallstack();
   if (script.empty())
     return g_hist->capture(level);
@@ -55,6 +53,17 @@ uint32_t capture(int level) {
   return g_hist->capture_script(level, frames.data(), static_cast<uint32_t>(frames.size()));
 }
 
+}  // namespace
+
+uint32_t capture(int level) {
+  if (g_hist->context_level() < level)
+    return 0; /* the common case: not recording at this level */
+  uint32_t id = capture_ids(level);
+  if (C10_UNLIKELY(cpp_contexts_on()) && id)
+    keep_cpp_context(id); /* Note [C++ contexts] in gm_torch_snapshot.cpp */
+  return id;
+}
+
 uint32_t capture_alloc(size_t size) {
   /* The sampled mode may leave this allocation's stack out (Note [Sampled
    * recording] in csrc/history/sample.c); asked only while recording. */
@@ -67,7 +76,7 @@ uint32_t capture_alloc(size_t size) {
 
 bool GpumemAllocator::isHistoryEnabled() { return g_core->hist_enabled() != 0; }
 
-void GpumemAllocator::recordHistory(bool enabled, cca::CreateContextFn,
+void GpumemAllocator::recordHistory(bool enabled, cca::CreateContextFn context_recorder,
                                     size_t alloc_trace_max_entries, cca::RecordContext when,
                                     bool clearHistory,
                                     const std::vector<std::string>& skip_actions) {
@@ -78,7 +87,10 @@ void GpumemAllocator::recordHistory(bool enabled, cca::CreateContextFn,
   gm_hist_config_t cfg{};
   cfg.enabled = enabled ? GM_HIST_ALL : GM_HIST_OFF;
   cfg.context = static_cast<int>(when); /* NEVER, STATE, ALLOC, ALL: the same levels */
-  cfg.stacks_all = 0;
+  /* torch's contexts are kept per gpumem stack, which then includes the C
+   * return addresses (Note [C++ contexts] in gm_torch_snapshot.cpp) */
+  bool contexts = enabled && context_recorder && when != cca::RecordContext::NEVER;
+  cfg.stacks_all = contexts ? 1 : 0;
   cfg.max_entries = alloc_trace_max_entries ? alloc_trace_max_entries : 1;
   cfg.clear_history = clearHistory ? 1 : 0;
   for (const std::string& a : skip_actions) {
@@ -88,63 +100,11 @@ void GpumemAllocator::recordHistory(bool enabled, cca::CreateContextFn,
     TORCH_CHECK(i < sizeof kActions / sizeof kActions[0], "Unknown TraceEntry action: ", a);
     cfg.skip_mask |= 1u << i;
   }
+  set_cpp_context_fn(nullptr); /* no stale contexts while reconfiguring */
   int rc = g_hist->configure(&cfg);
   TORCH_CHECK(rc == GM_OK, "gpumem: configuring memory history failed: ", g_core->strerror(rc));
-}
-
-namespace {
-
-struct segment_copy {
-  int device;
-  std::vector<cca::SegmentInfo>* out;
-};
-
-int copy_segment(void* arg, const gm_segment_info_t* seg) {
-  auto* st = static_cast<segment_copy*>(arg);
-  cca::SegmentInfo s;
-  s.device = static_cast<c10::DeviceIndex>(st->device);
-  s.address = seg->address;
-  s.total_size = seg->total_size;
-  s.requested_size = seg->requested_size;
-  s.allocated_size = seg->allocated_size;
-  s.active_size = seg->active_size;
-  s.stream = reinterpret_cast<decltype(s.stream)>(seg->stream); /* void* from 2.13 */
-  s.is_large = !seg->is_small;
-  s.is_expandable = seg->is_expandable != 0;
-  s.owner_private_pool_id = {seg->pool_id.first, seg->pool_id.second};
-  for (size_t i = 0; i < seg->nblocks; i++) {
-    const gm_block_info_t& b = seg->blocks[i];
-    cca::BlockInfo bi;
-    bi.size = b.size;
-    bi.requested_size = b.requested_size;
-    bi.allocated = b.state == GM_BLOCK_ACTIVE_ALLOCATED;
-    bi.active = b.state != GM_BLOCK_INACTIVE;
-    s.blocks.push_back(std::move(bi));
-  }
-  st->out->push_back(std::move(s));
-  return 0;
-}
-
-}  // namespace
-
-cca::SnapshotInfo GpumemAllocator::snapshot(c10::cuda::MempoolId_t mempool, bool) {
-  cca::SnapshotInfo info;
-  info.device_traces.resize(static_cast<size_t>(std::max(device_count(), 1)));
-  for (int d = 0; d < kMaxDevices; d++) {
-    if (gm_alloc_t* a = existing_core(d)) {
-      segment_copy st{d, &info.segments};
-      /* {0, 0}: every segment; another id: only that pool's, as torch */
-      g_core->walk_pool(a, gm_mempool_id_t{mempool.first, mempool.second}, copy_segment, &st);
-    }
-  }
-  gm_settings_t s = settings();
-  info.config_metadata.garbage_collection_threshold = s.garbage_collection_threshold;
-  info.config_metadata.max_split_size = s.max_split_size;
-  info.config_metadata.expandable_segments = s.expandable_segments != 0;
-  info.config_metadata.last_allocator_settings = torch_settings_text();
-  for (uint32_t d : s.roundup_power2_divisions)
-    info.config_metadata.roundup_power2_divisions.push_back(d);
-  return info;
+  if (contexts)
+    set_cpp_context_fn(context_recorder);
 }
 
 #if GM_TORCH_USER_METADATA
@@ -241,6 +201,76 @@ std::vector<std::tuple<std::string, bool, int, int64_t>> annotations() {
   for (const annotation& a : g_annotations)
     out.emplace_back(a.name, a.start, a.device, a.time_us);
   return out;
+}
+
+/*
+ * Note [Compile contexts]
+ * Rationale: with _record_memory_history(compile_context=True) torch's
+ *   trace entries name the torch.compile region that made them
+ *   ("Torch-Compiled Region: 0/0", else "N/A"): a record_function callback
+ *   calls the allocator's push/popCompileContext around each region, and the
+ *   allocator keeps a per-thread stack whose top goes on every entry.
+ * Approach: push/popCompileContext keep the thread's stack of interned
+ *   names and tell gpumem's history the innermost (a thread-local read by
+ *   the trace hook, like user_metadata). Torch registers its callback only
+ *   when its own C++ _record_memory_history is called; gpumem.recording.history
+ *   turns the same callback on here (set_compile_contexts) when the Python
+ *   entry point asks for compile_context.
+ * Limitations: before torch 2.8 the allocator has no compile contexts, and
+ *   neither has gpumem's shim built against it. The callback runs on every
+ *   record_function of every thread while it is on, as torch's does.
+ */
+namespace {
+
+#if GM_TORCH_COMPILE_CONTEXT
+thread_local std::vector<uint32_t> t_compile; /* innermost last */
+at::CallbackHandle g_cc_handle = 0;            /* protected by: the GIL */
+constexpr char kRegion[] = "Torch-Compiled Region";
+
+bool is_region(const at::RecordFunction& fn) {
+  return std::strncmp(fn.name(), kRegion, sizeof kRegion - 1) == 0;
+}
+
+std::unique_ptr<at::ObserverContext> cc_start(const at::RecordFunction& fn) {
+  if (is_region(fn)) {
+    std::string name = fn.name();
+    c10::cuda::CUDACachingAllocator::pushCompileContext(name);
+  }
+  return nullptr;
+}
+
+void cc_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (is_region(fn))
+    c10::cuda::CUDACachingAllocator::popCompileContext();
+}
+#endif
+
+}  // namespace
+
+#if GM_TORCH_COMPILE_CONTEXT
+void GpumemAllocator::pushCompileContext(std::string& md) {
+  t_compile.push_back(g_hist->intern_string(md.data(), md.size()));
+  g_hist->set_thread_compile_context(t_compile.back());
+}
+
+void GpumemAllocator::popCompileContext() {
+  if (!t_compile.empty())
+    t_compile.pop_back();
+  g_hist->set_thread_compile_context(t_compile.empty() ? 0 : t_compile.back());
+}
+#endif
+
+void set_compile_contexts(bool enabled) {
+#if GM_TORCH_COMPILE_CONTEXT
+  if (g_cc_handle) {
+    at::removeCallback(g_cc_handle);
+    g_cc_handle = 0;
+  }
+  if (enabled)
+    g_cc_handle = at::addGlobalCallback(at::RecordFunctionCallback(&cc_start, &cc_end));
+#else
+  (void)enabled;
+#endif
 }
 
 }  // namespace gpumem

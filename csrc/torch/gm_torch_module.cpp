@@ -291,6 +291,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "torch's allocator_settings snapshot dict for the settings in force.");
   m.def("set_annotations", &gpumem::set_annotations, py::arg("enabled"), py::arg("global_"),
         "Record record_function ranges while memory history is recorded (Note [Annotations]).");
+  m.def("set_compile_contexts", &gpumem::set_compile_contexts, py::arg("enabled"),
+        "Name torch.compile regions on trace entries while recording (Note [Compile contexts]).");
   m.def("annotations", []() {
     py::list out;
     for (const auto& a : gpumem::annotations()) {

@@ -48,7 +48,7 @@ _INFO_FILE = MODULE_NAME + ".json"
 _RECIPE = 2
 _SOURCES = ("torch/gm_torch.h", "torch/gm_torch_compat.h", "torch/gm_torch_alloc.cpp", "torch/gm_torch_config.cpp",
             "torch/gm_torch_history.cpp", "torch/gm_torch_module.cpp", "torch/gm_torch_oom.cpp",
-            "torch/gm_torch_pools.cpp", "torch/gm_torch_stats.cpp")
+            "torch/gm_torch_pools.cpp", "torch/gm_torch_snapshot.cpp", "torch/gm_torch_stats.cpp")
 _HEADERS = ("python/core_api.h", "history/hist.h", "core/gm_alloc.h", "base/errors.h", "base/format.h",
             "device/backend.h")
 # Fields that must match for a cached shim to be loaded, with their names in messages.

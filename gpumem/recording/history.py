@@ -164,6 +164,8 @@ def record_memory_history(
         _C._hist_configure(e, c, s, n, bool(clear_history), mask, smp["mean_bytes"],
                            smp["threshold_bytes"], smp["seed"])
     _follow_annotations(e != 0, False)
+    if e == 0:
+        _follow_compile_contexts(False)
 
 
 def _follow_annotations(enabled: bool, global_: bool) -> None:
@@ -172,6 +174,14 @@ def _follow_annotations(enabled: bool, global_: bool) -> None:
     shim = _shim_state.loaded()
     if shim is not None and shim.exists():
         shim.set_annotations(enabled, bool(global_))
+
+
+def _follow_compile_contexts(enabled: bool) -> None:
+    """Under torch, name torch.compile regions on trace entries, as torch
+    does with compile_context=True (Note [Compile contexts] in the shim)."""
+    shim = _shim_state.loaded()
+    if shim is not None and shim.exists():
+        shim.set_compile_contexts(bool(enabled))
 
 
 def _record_memory_history(
@@ -194,8 +204,8 @@ def _record_memory_history(
 
     A bool ``enabled`` selects torch's legacy form (``trace_alloc_max_entries``,
     ``trace_alloc_record_context``, ``record_context``, ``record_context_cpp``).
-    compile_context and global_record_annotations have nothing to record
-    here and are ignored; pinned host memory is not managed by gpumem.
+    compile_context names the torch.compile region of each trace entry, as
+    torch does; pinned host memory is not managed by gpumem.
     categories and sample (gpumem's, not torch's): as for record_memory_history.
     """
     if isinstance(enabled, bool):
@@ -213,6 +223,7 @@ def _record_memory_history(
                           sample=sample)
     if global_record_annotations and enabled is not None:
         _follow_annotations(True, True)
+    _follow_compile_contexts(enabled is not None and compile_context)
 
 
 def _record_memory_history_legacy(
@@ -230,6 +241,7 @@ def _record_memory_history_legacy(
         _categories.disable()
         _C._hist_configure(0, 0, False, 1, False, 0)
         _follow_annotations(False, False)
+        _follow_compile_contexts(False)
         return
     if trace_alloc_record_context:
         context = 2

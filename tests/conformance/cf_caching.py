@@ -5,7 +5,7 @@ caching on again brings caching back."""
 
 import os
 
-from harness import MiB, differs, empty, gpumem, needs, settle, stat, torch_mod
+from harness import MiB, empty, needs, recording, settle, stat, stats, torch_mod, trace
 
 VARIANTS = {"": {}, "env": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}}
 
@@ -99,26 +99,66 @@ def check_uncached_tensors_are_usable():
         _restore()
 
 
-@differs("uncached-stats")
-def check_stats_while_caching_is_off():
+def _numbers(d: dict) -> dict:
+    return {k: v for k, v in d.items() if isinstance(v, (int, float))}
+
+
+def check_memory_while_caching_is_off_is_outside_the_stats():
+    # torch hands these requests to cudaMalloc around its allocator: no
+    # statistic moves (requested_bytes, reserved_bytes, num_device_alloc,
+    # ... every key), and neither the trace nor the snapshot shows them
     torch = torch_mod()
     settle()
     _off()
     try:
-        before = stat("requested_bytes.all.allocated")
-        p = torch._C._cuda_cudaCachingAllocator_raw_alloc(MiB, 0)
-        got = stat("requested_bytes.all.allocated") - before
-        torch._C._cuda_cudaCachingAllocator_raw_delete(p)
-        x = empty(40 * MiB)
-        allocated = torch.cuda.memory_allocated()
-        del x
-        # torch's uncached path bypasses its allocator, so its stats never see
-        # the memory; gpumem counts it like any other allocation
-        assert got == (MiB if gpumem() else 0), got
-        assert allocated == (40 * MiB if gpumem() else 0), allocated
+        with recording(max_entries=1000):
+            before = _numbers(stats())
+            free0 = torch.cuda.mem_get_info()[0]
+            p = torch._C._cuda_cudaCachingAllocator_raw_alloc(MiB, 0)
+            x = empty(40 * MiB)
+            q = torch.cuda.caching_allocator_alloc(3 * MiB)
+            during = _numbers(stats())
+            assert torch.cuda.mem_get_info()[0] <= free0 - 44 * MiB   # the device did give it
+            snap = torch.cuda.memory._snapshot()
+            torch._C._cuda_cudaCachingAllocator_raw_delete(p)
+            del x
+            torch.cuda.caching_allocator_delete(q)
+            after = _numbers(stats())
+        assert torch.cuda.mem_get_info()[0] == free0
+        changed = {k: (before[k], during.get(k), after.get(k)) for k in before
+                   if not before[k] == during.get(k) == after.get(k)}
+        assert not changed, changed
+        assert snap["segments"] == [], snap["segments"]
+        actions = [e["action"] for e in trace(snap)]
+        assert actions in ([], ["snapshot"]), actions
     finally:
         _restore()
     if not _env_off():
         p = torch._C._cuda_cudaCachingAllocator_raw_alloc(MiB, 0)
         assert stat("requested_bytes.all.current") == MiB
         torch._C._cuda_cudaCachingAllocator_raw_delete(p)
+
+
+def check_the_switch_at_allocation_decides_the_free():
+    # memory allocated while caching is on is cached when freed with caching
+    # off; memory allocated while it is off goes back to the device when
+    # freed after caching is on again
+    if _env_off():
+        return                                  # caching cannot be turned on
+    torch = torch_mod()
+    settle()
+    z = empty(8 * MiB)
+    _off()
+    try:
+        y = empty(8 * MiB)
+        del z                                   # allocated while on: cached
+        assert torch.cuda.memory_reserved() == 20 * MiB
+        assert torch.cuda.memory_allocated() == 0
+    finally:
+        _restore()
+    free0 = torch.cuda.mem_get_info()[0]
+    before = _numbers(stats())
+    del y                                       # allocated while off: to the device
+    assert torch.cuda.mem_get_info()[0] == free0 + 8 * MiB
+    assert _numbers(stats()) == before
+    settle()
