@@ -29,9 +29,11 @@ GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
   _C (the extension), _format, _conf (allocator settings), _atomic (file writes)
   _rank (per-rank file names)
   categories.classify, snapshots.pickle_scan, snapshots.origin, pytorch.shim_state,
-      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun
+      pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun,
+      sim.world_rank
   categories.report, categories.tagger, snapshots.unpickle, checkup.selftest, sim
-  snapshots.sites, recording.history, sim.rank_report, sim.__main__
+  snapshots.sites, recording.history, sim.rank_report, sim.__main__,
+      sim.world
   snapshots.timeline, recording.oom, pytorch.stats
   snapshots.summary, snapshots.replay, pytorch.installer
   snapshots.view, snapshots.rank_summary, recording.recorder, checkup.doctor
