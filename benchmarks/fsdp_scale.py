@@ -66,9 +66,9 @@ def ffn_dim(dim: int) -> int:
     return 14336 * dim // 4096
 
 
-def param_shapes(layers: int, dim: int):
+def param_shapes(layers: int, dim: int, heads: int = HEADS):
     """Every parameter's shape, in the model's order (the arithmetic's input)."""
-    kv = dim * KV_HEADS // HEADS
+    kv = dim * KV_HEADS // heads
     block = [(dim, dim), (kv, dim), (kv, dim), (dim, dim),          # wq wk wv wo
              (ffn_dim(dim), dim), (ffn_dim(dim), dim), (dim, ffn_dim(dim)),  # w1 w3 w2
              (dim,), (dim,)]                                         # two RMSNorms
@@ -98,12 +98,14 @@ def worker(args) -> None:
     import torch.nn.functional as F
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
+    from torch.utils.checkpoint import checkpoint
 
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl")
     world = dist.get_world_size()
-    dim, kv = args.dim, args.dim * KV_HEADS // HEADS
+    dim, heads = args.dim, args.heads
+    kv = dim * KV_HEADS // heads
 
     class Block(nn.Module):
         def __init__(self):
@@ -118,7 +120,7 @@ def worker(args) -> None:
         def forward(self, x):
             b, s, _ = x.shape
             h = self.n1(x)
-            q = self.wq(h).view(b, s, HEADS, -1).transpose(1, 2)
+            q = self.wq(h).view(b, s, heads, -1).transpose(1, 2)
             k = self.wk(h).view(b, s, KV_HEADS, -1).transpose(1, 2)
             v = self.wv(h).view(b, s, KV_HEADS, -1).transpose(1, 2)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -136,18 +138,28 @@ def worker(args) -> None:
 
         def forward(self, tokens):
             x = self.emb(tokens)
-            for blk in self.blocks:
-                x = blk(x)
+            for i, blk in enumerate(self.blocks):
+                # --ac full: every block recomputed in backward; selective: every
+                # other block (torchtitan's layer-selective checkpointing, ac_freq 2)
+                if args.ac == "full" or (args.ac == "selective" and i % 2 == 0):
+                    x = checkpoint(blk, x, use_reentrant=False)
+                else:
+                    x = blk(x)
             return self.out(self.norm(x))
 
     with torch.device("meta"):
         model = Model()
     shapes = [tuple(p.shape) for p in model.parameters()]
-    assert shapes == param_shapes(args.layers, dim), "the arithmetic's shapes are stale"
+    assert shapes == param_shapes(args.layers, dim, heads), "the arithmetic's shapes are stale"
     nparams = sum(p.numel() for p in model.parameters())
+    mp = {}
+    if args.bf16:   # torchtitan's default: bf16 compute, fp32 gradient reduction and master copy
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                reduce_dtype=torch.float32)}
     for blk in model.blocks:
-        fully_shard(blk)
-    fully_shard(model)
+        fully_shard(blk, **mp)
+    fully_shard(model, **mp)
     model.to_empty(device="cuda")
     torch.cuda.synchronize()
     after_to_empty = torch.cuda.memory_allocated()
@@ -177,6 +189,7 @@ def worker(args) -> None:
                                       for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
     out["peak_allocated"] = torch.cuda.max_memory_allocated()
     out["reserved"] = torch.cuda.memory_reserved()
+    out["peak_reserved"] = torch.cuda.max_memory_reserved()
     status = open("/proc/self/status").read()
     out["host_rss_peak"] = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
     out["host_rss"] = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
@@ -191,21 +204,31 @@ def worker(args) -> None:
 # the launcher
 
 def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0,
-              gpumem: bool = False) -> dict:
+              gpumem: bool = False, started: str = "") -> dict:
     """gpumem: run under `gpumem simulate --nproc-per-node` (gpumem installed and
     recording in every rank; its no-host-memory default) instead of torch's
-    allocator under gpumem.sim."""
+    allocator under gpumem.sim.  started: start only these ranks of the job
+    (``--nnodes 1 --nproc-per-node N --ranks started``: gpumem/sim/world.py)."""
     ranks, dim = ranks or args.ranks, dim or args.dim
     worker = [str(Path(__file__).resolve()), "--worker", "--layers", str(layers), "--dim",
-              str(dim), "--seq", str(args.seq), "--batch", str(args.batch), "--steps",
-              str(args.steps)]
+              str(dim), "--heads", str(args.heads), "--ac", args.ac, "--seq", str(args.seq),
+              "--batch", str(args.batch), "--steps",
+              str(args.steps)] + (["--bf16"] if args.bf16 else [])
     out_dir = tempfile.mkdtemp(prefix="fsdp-scale-")
     results = os.path.join(out_dir, "results")
     os.mkdir(results)
     worker += ["--results", results]
+    subset = ["--nnodes", "1", "--nproc-per-node", str(ranks), "--ranks", started]
+    expect_rows = ((2 if ranks > 1 else 1) if started == "auto" else
+                   len(started.split(",")) if started else ranks)
     if gpumem:
         cmd = [sys.executable, "-m", "gpumem.sim.command", "--nproc-per-node", str(ranks),
-               "--memory", "80GiB", "--no-view", "--out", out_dir, "--"] + worker
+               "--memory", "80GiB", "--no-view", "--out", out_dir] + \
+            (subset[:2] + subset[4:] if started else []) + ["--"] + worker
+    elif started:
+        cmd = [sys.executable, "-m", "gpumem.sim", "--devices", str(ranks), "--memory", "80GiB",
+               "--no-host-memory", "--", sys.executable, "-m", "gpumem.sim.world", *subset,
+               "--"] + worker
     else:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -226,12 +249,12 @@ def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0,
         with open(os.path.join(results, name)) as f:
             rows.append(json.load(f))
     shutil.rmtree(out_dir, ignore_errors=True)
-    if proc.returncode != 0 or len(rows) != ranks:
+    if proc.returncode != 0 or len(rows) != expect_rows:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
         return {"layers": layers, "ranks": ranks, "dim": dim, "no_host_memory": no_host,
                 "allocator": "gpumem" if gpumem else "torch", "failed": f"exit status {proc.returncode}", "wall_s": round(wall, 1)}
     rows.sort(key=lambda r: r["rank"])
-    shapes = param_shapes(layers, dim)
+    shapes = param_shapes(layers, dim, args.heads)
     expect = shard_bytes(shapes, ranks)
     for r in rows:
         r["matches"] = {
@@ -254,7 +277,7 @@ def run_ranks(args, layers: int, no_host: bool, ranks: int = 0, dim: int = 0,
     return {
         "layers": layers, "ranks": ranks, "dim": dim, "no_host_memory": no_host,
         "allocator": "gpumem" if gpumem else "torch", "wall_s": round(wall, 1),
-        "parameters": rows[0]["params"],
+        "started": started or "all", "parameters": rows[0]["params"],
         "arithmetic": {"params_per_rank": expect, "grads_per_rank": expect,
                        "adamw_state_per_rank": 2 * expect,
                        "peak_per_rank": (5 * expect + 2 * CUBLAS_WORKSPACE
@@ -272,6 +295,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--dim", type=int, default=4096)
+    ap.add_argument("--heads", type=int, default=HEADS, help="query heads (8 key/value heads)")
+    ap.add_argument("--ac", choices=("none", "selective", "full"), default="none",
+                    help="activation checkpointing: none, every other block, every block")
+    ap.add_argument("--bf16", action="store_true",
+                    help="FSDP2 mixed precision: bf16 parameters in compute, fp32 reduction")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=1)
@@ -283,6 +311,10 @@ def main(argv=None) -> int:
     ap.add_argument("--with-gpumem", action="store_true",
                     help="also run the main model under gpumem simulate --nproc-per-node "
                          "(gpumem installed and recording in every rank) and compare")
+    ap.add_argument("--started", default="", metavar="LIST",
+                    help="also run the main model with only these ranks started (e.g. 0,7; "
+                         "gpumem simulate --ranks) under torch's allocator and gpumem, and "
+                         "compare each started rank's peaks with the full run's")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--results", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -307,6 +339,35 @@ def main(argv=None) -> int:
                 max(g["host_rss_peak_gib"]) / max(t["host_rss_peak_gib"]), 3)
         ok = ok and g.get("all_match", False) and all(side.get("peak_allocated_equal", [False]))
         print(json.dumps({"with_gpumem": side}, indent=1), flush=True)
+    if args.started:
+        full = {"torch": result["main"]}
+        if args.with_gpumem:
+            full["gpumem"] = g
+        same = {}
+        for name, f in full.items():
+            part = run_ranks(args, args.layers, True, gpumem=name == "gpumem",
+                             started=args.started)
+            if "failed" in part or "failed" in f:
+                same[name] = {"failed": part.get("failed") or f.get("failed")}
+                ok = False
+                continue
+            by_rank = {r["rank"]: r for r in f["ranks"]}
+            rows = [{"rank": r["rank"], "peak_allocated": r["peak_allocated"],
+                     "full_peak_allocated": by_rank[r["rank"]]["peak_allocated"],
+                     "peak_reserved": r["peak_reserved"],
+                     "full_peak_reserved": by_rank[r["rank"]]["peak_reserved"],
+                     "host_rss_peak_gib": round(r["host_rss_peak"] / (1 << 30), 3)}
+                    for r in part["ranks"]]
+            equal = all(x["peak_allocated"] == x["full_peak_allocated"] and
+                        x["peak_reserved"] == x["full_peak_reserved"] for x in rows)
+            ok = ok and equal
+            same[name] = {"equal_to_full_run": equal, "ranks": rows,
+                          "wall_s": part["wall_s"], "full_wall_s": f["wall_s"],
+                          "host_rss_peak_sum_gib": round(sum(
+                              r["host_rss_peak"] for r in part["ranks"]) / (1 << 30), 3),
+                          "full_host_rss_peak_sum_gib": round(sum(
+                              r["host_rss_peak"] for r in f["ranks"]) / (1 << 30), 3)}
+        print(json.dumps({"started": args.started, "subset": same}, indent=1), flush=True)
     if args.compare_layers:
         # without the mode every rank's device memory that copies touch is
         # host memory: keep this run small (the default is 2 ranks, dim 1024)

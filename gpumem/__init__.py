@@ -30,10 +30,11 @@ GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
   _rank (per-rank file names), _sampling (the sampled mode's parameters and estimates)
   categories.classify, snapshots.pickle_scan, snapshots.origin, pytorch.shim_state,
       pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun, sim.torch_cuda,
-      sim.config_key, sim.boundary
+      sim.config_key, sim.boundary, sim.world_rank
   categories.report, categories.tagger, snapshots.unpickle, checkup.selftest, sim,
       sim.knob
-  snapshots.sites, recording.history, sim.rank_report, sim.__main__
+  snapshots.sites, recording.history, sim.rank_report, sim.__main__,
+      sim.world
   snapshots.timeline, recording.oom, pytorch.stats
   snapshots.summary, snapshots.replay, pytorch.installer
   snapshots.view, snapshots.rank_summary, recording.recorder, checkup.doctor

@@ -87,6 +87,8 @@ RANKS = ["gpumem simulate --nproc-per-node 2 --out /tmp/gpumem_ranks -- examples
          "gpumem summary /tmp/gpumem_ranks"]
 FIT = ["gpumem fit --memory 2GiB --vary batch-size=1..64 -- python examples/batch_fit.py "
        "--batch-size 8"]
+WORLD = ["gpumem simulate --nnodes 8 --nproc-per-node 8 --ranks 0,63 --out /tmp/gpumem_world -- "
+         "examples/per_rank.py --backend nccl --out /tmp/gpumem_world/per_rank.pickle"]
 FAST_TIER = ['python -m pytest -q -m "not slow" tests']
 DOCTOR = ["gpumem doctor"]
 GPU_SUITE = [
@@ -100,14 +102,14 @@ BENCHMARKS_PREFIX = "python benchmarks/"
 def test_every_readme_command_is_covered():
     commands = readme_commands()
     covered = set(BY_CI) | set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) | set(DOCTOR)
-    covered |= set(GPU_SUITE) | set(COMPILED) | set(RANKS) | set(FIT)
+    covered |= set(GPU_SUITE) | set(COMPILED) | set(RANKS) | set(FIT) | set(WORLD)
     stray = [c for c in commands if c not in covered and not c.startswith(BENCHMARKS_PREFIX)]
     assert stray == [], f"README commands no test runs: {stray}"
     assert [c for c in commands if c in BY_CI] == list(BY_CI)   # one set-up, one test command
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert all(c in ci for c in BY_CI), ci
     assert set(QUICK_START) | set(MAIN_JOB) | set(FAST_TIER) | set(DOCTOR) | set(GPU_SUITE) \
-        | set(COMPILED) | set(RANKS) | set(FIT) <= set(commands)
+        | set(COMPILED) | set(RANKS) | set(FIT) | set(WORLD) <= set(commands)
 
 
 def test_setup_installs_what_a_simulated_run_needs():
@@ -277,6 +279,18 @@ def test_fit_as_written(clone):
     said = re.search(r"largest batch-size that fits is (\d+) \((\d+) does not\), (\d+) probes",
                      README.read_text())
     assert said and said.groups() == m.groups(), (said and said.groups(), out)
+
+
+@pytest.mark.slow
+def test_world_as_written(clone):
+    """The README's cluster-sized command: ranks 0 and 63 of 64, each on its own GPU."""
+    out = run(clone, WORLD[0]).stdout
+    assert "a job of 64 ranks (8 node(s) x 8), of which 2 started" in out, out
+    table = out[out.index("per rank"):].splitlines()
+    assert [line.split()[:2] for line in table[2:4]] == [["0", "0"], ["63", "7"]], out
+    assert table[2].endswith("yes  (ranks 0)") and table[3].endswith("yes  (ranks 63)"), out
+    world = tmp_of(clone) / "gpumem_world"
+    assert (world / "per_rank_rank0.pickle").exists() and (world / "per_rank_rank63.pickle").exists()
 
 
 @pytest.mark.slow

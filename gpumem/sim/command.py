@@ -62,6 +62,7 @@ import time
 from typing import Any, Optional
 
 from gpumem.sim import torchrun as _launch, rank_report as _rank_report, outcome as _outcome
+from gpumem.sim import world as _world
 from gpumem._format import format_bytes
 from gpumem._sampling import ENV_SAMPLE
 from gpumem.sim.child import ENV_CATEGORIES, ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
@@ -121,6 +122,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="number of simulated GPUs (default 1; N under --nproc-per-node N or "
                         "a torchrun command's --nproc-per-node N)")
     _launch.add_arguments(p)
+    p.add_argument("--nnodes", default=None, metavar="N",
+                   help="with --nproc-per-node G: the job has N x G ranks (default 1 node); "
+                        "only the ranks --ranks names are started")
+    p.add_argument("--ranks", default=None, metavar="LIST|auto",
+                   help="start only these ranks of the job (0,8,63 or 0-3), each seeing the "
+                        "full world size and its own rank; auto: rank 0 and the last rank "
+                        "(data parallel ranks are alike); default: every rank")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="where the snapshots, viewer pages and summary.json go (default: a "
                         "new folder under $XDG_CACHE_HOME/gpumem/simulate or "
@@ -485,6 +493,21 @@ def _print_report(r: dict[str, Any]) -> None:
     print("\n".join(lines), flush=True)
 
 
+def _world_of(args: argparse.Namespace, nproc: int, cmd: list[str]) -> dict[str, Any]:
+    """The job of --nnodes x --nproc-per-node ranks and the ranks --ranks starts
+    (gpumem/sim/world.py; every rank when --ranks is not given)."""
+    nnodes = _world.parse_nnodes(args.nnodes) or 1
+    size = nnodes * nproc
+    if size > _world.MAX_WORLD:
+        raise _world.WorldError(f"the job has {size} ranks; at most {_world.MAX_WORLD}")
+    text = args.ranks if args.ranks is not None else f"0-{size - 1}"
+    ranks = _world.parse_ranks(text, size)
+    auto = text.strip().lower() == "auto"
+    return {"nnodes": nnodes, "nproc_per_node": nproc, "world_size": size, "ranks": ranks,
+            "how": "auto" if auto else "list",
+            "stands_for": _world.stands_for(ranks, size, auto)}
+
+
 def run(args: argparse.Namespace) -> int:
     """``gpumem simulate`` with parsed arguments; returns the command's exit status."""
     from gpumem import sim
@@ -496,12 +519,20 @@ def run(args: argparse.Namespace) -> int:
                       "gpumem simulate --memory 80GiB -- python train.py")
     if args.max_entries < 1:
         return _error(f"--max-entries must be at least 1, not {args.max_entries}")
+    world = None
     try:
         nproc = _launch.parse_nproc(args.nproc_per_node)
         devices = _launch.devices_for(args.devices, nproc, cmd)
-        if nproc is not None:
+        if (args.nnodes is not None or args.ranks is not None) and nproc is None:
+            raise _world.WorldError("--nnodes and --ranks need --nproc-per-node (the ranks of "
+                                    "one node), for example: --nnodes 8 --nproc-per-node 8 "
+                                    "--ranks 0")
+        if args.nnodes is not None or args.ranks is not None:
+            world = _world_of(args, nproc, cmd)
+            cmd = _world.launch_command(cmd, world["nnodes"], nproc, world["ranks"])
+        elif nproc is not None:
             cmd = _launch.launch_command(cmd, nproc)
-    except _launch.LaunchError as e:
+    except (_launch.LaunchError, _world.WorldError) as e:
         return _error(str(e))
     try:
         from gpumem.sim import gpus as sim_gpus
@@ -577,6 +608,10 @@ def run(args: argparse.Namespace) -> int:
                          context=context,
                          signalled=signalled and signal.Signals(signalled).name)
         report["gpu"] = sim_gpus.describe(model)
+        if world is not None:
+            report["world"] = {k: v for k, v in world.items() if k != "stands_for"}
+            for row in report.get("per_rank") or []:
+                row["stands_for"] = world["stands_for"].get(row["rank"])
         if args.categories:
             report["equation"] = _equations(report["snapshots"])
         try:

@@ -157,13 +157,25 @@ def rank_lines(r: dict[str, Any]) -> list[str]:
              "context and NCCL's buffers):",
              f"  {'rank':>4}  {'device':>6}  {'peak allocated':>14}  {'peak reserved':>13}  "
              f"{'device peak':>11}  fits"]
+    world = r.get("world")
+    if world:
+        lines[1] += "  (stands for)"
+        lines.insert(0, f"a job of {world['world_size']} ranks ({world['nnodes']} node(s) x "
+                        f"{world['nproc_per_node']}), of which {len(world['ranks'])} started "
+                        f"({'--ranks auto' if world['how'] == 'auto' else 'the ranks listed'}); "
+                        "every started rank saw the full world size and its own rank")
     for row in rows:
         def cell(v: Any) -> str:
             return "-" if v is None else fb(v)
         dev = "-" if row["device"] is None else str(row["device"])
         lines.append(f"  {row['rank']:>4}  {dev:>6}  {cell(row['peak_allocated']):>14}  "
                      f"{cell(row['peak_reserved']):>13}  {cell(row.get('device_peak')):>11}  "
-                     f"{_fits_text(row, r.get('failed_first'))}")
+                     f"{_fits_text(row, r.get('failed_first'))}"
+                     + (f"  (ranks {row['stands_for']['ranks']})" if row.get("stands_for")
+                        else ""))
+    whys = sorted({row["stands_for"]["why"] for row in rows if row.get("stands_for")})
+    if whys:
+        lines.append("each row stands for the ranks in brackets: " + "; ".join(whys))
     high = r.get("highest_ranks") or []
     measured = {row["rank"] for row in rows if row["peak_reserved"] is not None}
     if high and len(measured) > 1:

@@ -21,7 +21,8 @@ import re
 import sys
 from typing import Optional
 
-__all__ = ["LaunchError", "add_arguments", "parse_nproc", "launch_command", "devices_for",
+__all__ = ["LaunchError", "add_arguments", "parse_nproc", "launch_command", "script_of",
+           "devices_for",
            "host_memory_env", "ENV_NO_HOST_MEMORY"]
 
 ENV_NO_HOST_MEMORY = "GPUMEM_FAKECUDA_NO_HOST_MEMORY"
@@ -119,22 +120,26 @@ def devices_for(devices: Optional[int], nproc: Optional[int], cmd: list[str]) ->
     return n if n is not None and 1 <= n <= MAX_NPROC else 1
 
 
-def launch_command(cmd: list[str], nproc: int) -> list[str]:
-    """The torch.distributed.run command that runs cmd on nproc ranks."""
+def script_of(cmd: list[str], example: str = "--nproc-per-node 2") -> list[str]:
+    """``script.py ARGS`` or ``-m module ARGS`` from the command after --
+    (``python`` dropped); example: the flags of the usage the errors show."""
     rest = list(cmd)
     if rest and _is_python(rest[0]):
         rest = rest[1:]
     if not rest:
-        raise LaunchError("no script given; put it after --, for example: gpumem simulate "
-                          "--nproc-per-node 2 -- train.py")
-    module = rest[0] == "-m"
-    if module:
-        rest = rest[1:]
-        if not rest:
+        raise LaunchError(f"no script given; put it after --, for example: gpumem simulate "
+                          f"{example} -- train.py")
+    if rest[0] == "-m":
+        if len(rest) < 2:
             raise LaunchError("-m needs a module name, for example: -- -m pkg.train")
     elif rest[0].startswith("-"):
-        raise LaunchError(f"under --nproc-per-node the command is script.py ARGS or -m module "
-                          f"ARGS; Python options such as {rest[0]} cannot be passed to the "
-                          "ranks (set them through the environment, e.g. PYTHONUNBUFFERED=1)")
+        raise LaunchError(f"under {example.split()[0]} the command is script.py ARGS or -m "
+                          f"module ARGS; Python options such as {rest[0]} cannot be passed to "
+                          "the ranks (set them through the environment, e.g. PYTHONUNBUFFERED=1)")
+    return rest
+
+
+def launch_command(cmd: list[str], nproc: int) -> list[str]:
+    """The torch.distributed.run command that runs cmd on nproc ranks."""
     return ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-             "--nproc-per-node", str(nproc)] + (["-m"] if module else []) + rest)
+             "--nproc-per-node", str(nproc)] + script_of(cmd))
