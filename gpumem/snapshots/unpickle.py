@@ -26,11 +26,11 @@ Approach, in the order the loader works:
     an index beyond the stores made so far, and more than a few million
     values on its stack, and keeps each device trace as compact records
     (_C.TraceColumns, Note [Compact trace entries] in
-    csrc/python/trace_columns.c: about 56 bytes an entry where dicts cost
-    about 500).  The few legal opcodes it leaves alone (text opcodes, sets,
-    protocol 2's globals) send the file to Python's unpickler, the
-    reference, after the same memo check by a walk over the opcodes
-    (gpumem.snapshots.pickle_scan);
+    csrc/python/trace_columns.c: 56 bytes an entry where dicts cost
+    about 390, docs/benchmarks.md).  The few legal opcodes it leaves
+    alone (text opcodes, sets, protocol 2's globals) send the file to
+    Python's unpickler, the reference, after the same memo check by a
+    walk over the opcodes (gpumem.snapshots.pickle_scan);
   - the records the commands walk are counted, each reference to a shared
     list counted again, from list lengths (no walk): segments, blocks,
     trace entries and external annotations.  A recorder writes each of them
