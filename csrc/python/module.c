@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "hist_capture.h"
 #include "hist_snapshot.h"
+#include "pickle_reader.h"
 #include "replay.h"
 #include "segments.h"
 #include "settings.h"
@@ -31,7 +32,8 @@ PyMODINIT_FUNC PyInit__C(void) {
         gm_py_size_policy_init(m) < 0 || gm_py_segments_init(m) < 0 ||
         gm_py_cuda_driver_init(m) < 0 || gm_py_replay_init(m) < 0 ||
         gm_py_allocator_init(m) < 0 || gm_py_hist_capture_init(m) < 0 ||
-        gm_py_hist_snapshot_init(m) < 0 || gm_py_core_api_init(m) < 0) {
+        gm_py_hist_snapshot_init(m) < 0 || gm_py_core_api_init(m) < 0 ||
+        gm_py_pickle_reader_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -21,8 +21,16 @@ Rationale: summary, diff, view and replay run on files from anywhere; a
 Approach, in the order the loader works:
   - only a regular file is read (a FIFO would block, /dev/zero never ends),
     opened without blocking, and at most Limits.max_bytes (2 GiB) of it;
-  - the opcodes are walked before unpickling (gpumem.snapshots.pickle_scan): a memo
-    store to an index beyond the stores made so far is refused;
+  - the pickle is read by gpumem._C.read_snapshot_pickle, which refuses
+    every global, call and persistent id where it stands, a memo store to
+    an index beyond the stores made so far, and more than a few million
+    values on its stack, and keeps each device trace as compact records
+    (_C.TraceColumns, Note [Compact trace entries] in
+    csrc/python/trace_columns.c: 56 bytes an entry where dicts cost
+    about 390, docs/benchmarks.md).  The few legal opcodes it leaves
+    alone (text opcodes, sets, protocol 2's globals) send the file to
+    Python's unpickler, the reference, after the same memo check by a
+    walk over the opcodes (gpumem.snapshots.pickle_scan);
   - the records the commands walk are counted, each reference to a shared
     list counted again, from list lengths (no walk): segments, blocks,
     trace entries and external annotations.  A recorder writes each of them
@@ -54,6 +62,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from gpumem import _C
 from gpumem._atomic import kind_of
 from gpumem.snapshots.pickle_scan import memo_bomb
 
@@ -271,44 +280,96 @@ def loads_snapshot(data: bytes | bytearray | memoryview, name: str = "snapshot d
             f"{name} uses pickle protocol {data[1]}, which this Python cannot read "
             f"(it reads protocols 2 to {pickle.HIGHEST_PROTOCOL}); {_DUMP_HINT}"
         )
-    bomb = memo_bomb(data)
-    if bomb is not None:
-        at, index, stores = bomb
-        raise SnapshotError(
-            f"{name} is corrupt: at byte {at} it stores to memo entry {short_int(index)} after "
-            f"only {stores} stores (no pickler numbers them so; unpickling it would allocate "
-            f"memory for every entry in between); re-dump the snapshot")
+    obj = _read_native(data, name)
+    if obj is _UNSUPPORTED:
+        obj = _read_reference(data, name)
+    with gc_paused():
+        return normalize_snapshot(obj, name, limits=limits or Limits(), file_bytes=len(data))
+
+
+_UNSUPPORTED = object()
+
+
+def _memo_bomb_error(name: str, at: int, index: int, stores: int) -> SnapshotError:
+    return SnapshotError(
+        f"{name} is corrupt: at byte {at} it stores to memo entry {short_int(index)} after "
+        f"only {stores} stores (no pickler numbers them so; unpickling it would allocate "
+        f"memory for every entry in between); re-dump the snapshot")
+
+
+def _refused_global(name: str, qualname: str) -> SnapshotError:
+    return SnapshotError(
+        f"{name} refers to Python global '{qualname}'; gpumem refuses pickles that "
+        f"reference globals because loading them would run code")
+
+
+def _refused_persistent_id(name: str, pid: str) -> SnapshotError:
+    return SnapshotError(
+        f"{name} refers to an external object (persistent id {pid}); gpumem refuses such "
+        f"pickles because a snapshot holds only plain data; {_DUMP_HINT}")
+
+
+def _truncated(name: str) -> SnapshotError:
+    return SnapshotError(f"{name} is truncated (pickle data ended early); re-dump the snapshot")
+
+
+def _read_native(data: bytes, name: str) -> Any:
+    """The object of the pickle by gpumem._C.read_snapshot_pickle (Note [Compact
+    trace entries] in csrc/python/trace_columns.c), or _UNSUPPORTED for a
+    legal pickle it leaves to the reference reader (text opcodes, sets,
+    protocol 2's globals)."""
     try:
         with gc_paused():
-            obj = _DataOnlyUnpickler(_Reader(data)).load()
+            return _C.read_snapshot_pickle(data)
+    except MemoryError:
+        raise SnapshotError(
+            f"{name} is corrupt (it asks for more memory than is available); re-dump the snapshot"
+        ) from None
+    except ValueError as e:
+        if len(e.args) != 3:
+            raise
+        kind, detail, at = e.args
+    if kind == "unsupported":
+        return _UNSUPPORTED
+    if kind == "global":
+        raise _refused_global(name, detail)
+    if kind == "persid":
+        raise _refused_persistent_id(name, _short_repr(detail))
+    if kind == "truncated":
+        raise _truncated(name)
+    if kind == "memo":
+        raise _memo_bomb_error(name, at, *detail)
+    text = detail if kind == "error" else f"UnpicklingError: {detail}"
+    text = " ".join(text.split())
+    raise SnapshotError(f"{name} is not a valid pickle "
+                        f"({text if len(text) <= 100 else text[:97] + '...'}); re-dump the snapshot")
+
+
+def _read_reference(data: bytes, name: str) -> Any:
+    """The object of the pickle by Python's unpickler, every global refused:
+    the reference the native reader is tested against."""
+    bomb = memo_bomb(data)
+    if bomb is not None:
+        raise _memo_bomb_error(name, *bomb)
+    try:
+        with gc_paused():
+            return _DataOnlyUnpickler(_Reader(data)).load()
     except _RefusedGlobal as e:
-        raise SnapshotError(
-            f"{name} refers to Python global '{e.qualname}'; gpumem refuses pickles that "
-            f"reference globals because loading them would run code"
-        ) from None
+        raise _refused_global(name, e.qualname) from None
     except _RefusedPersistentId as e:
-        raise SnapshotError(
-            f"{name} refers to an external object (persistent id {e}); gpumem refuses such "
-            f"pickles because a snapshot holds only plain data; {_DUMP_HINT}"
-        ) from None
+        raise _refused_persistent_id(name, str(e)) from None
     except EOFError:
-        raise SnapshotError(
-            f"{name} is truncated (pickle data ended early); re-dump the snapshot"
-        ) from None
+        raise _truncated(name) from None
     except MemoryError:
         raise SnapshotError(
             f"{name} is corrupt (it asks for more memory than is available); re-dump the snapshot"
         ) from None
     except _CORRUPT_ERRORS as e:
         if _is_truncation(e):
-            raise SnapshotError(
-                f"{name} is truncated (pickle data ended early); re-dump the snapshot"
-            ) from None
+            raise _truncated(name) from None
         raise SnapshotError(
             f"{name} is not a valid pickle ({_describe(e)}); re-dump the snapshot"
         ) from None
-    with gc_paused():
-        return normalize_snapshot(obj, name, limits=limits or Limits(), file_bytes=len(data))
 
 
 def _is_truncation(e: BaseException) -> bool:
@@ -396,7 +457,7 @@ def _count_records(snap: dict, limit: int) -> int:
     traces = snap["device_traces"]
     if isinstance(traces, list):
         for trace in traces:
-            n += len(trace) if isinstance(trace, list) else 1
+            n += len(trace) if isinstance(trace, (list, _C.TraceColumns)) else 1
             if n > limit:
                 return n
     segments = snap["segments"]
@@ -474,6 +535,8 @@ def _check_traces(traces: Any, name: str) -> None:
         _fail(name, "'device_traces'", f"is a {_type_name(traces)}, expected a list of lists")
     seen: set[int] = set()  # ids of the trace lists checked
     for d, trace in enumerate(traces):
+        if isinstance(trace, _C.TraceColumns):
+            continue  # its entries passed these checks to become records
         if not isinstance(trace, list):
             _fail(name, f"device_traces[{d}]", f"is a {_type_name(trace)}, expected a list")
         for _, trace in _unseen([trace], seen):

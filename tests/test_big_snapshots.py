@@ -1,0 +1,255 @@
+"""Big snapshots: the streaming generator (tests/snapshot_gen.py) and the
+native snapshot reader (gpumem._C.read_snapshot_pickle, Note [Compact trace
+entries]) against the reference, Python's unpickler."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from snapshot_gen import synthetic_dict, write_snapshot
+
+
+@pytest.mark.parametrize("events", [0, 1, 250, 3001])
+def test_the_generator_writes_the_dict_it_describes(tmp_path, events):
+    path = tmp_path / "big.pickle"
+    size = write_snapshot(path, events)
+    assert size == path.stat().st_size
+    snap = pickle.loads(path.read_bytes())
+    assert snap == synthetic_dict(events)
+    assert len(snap["device_traces"][0]) == events
+
+
+# ------------------------------------------------------------ the native reader
+
+import io  # noqa: E402
+import random  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import sanitized_ext  # noqa: E402
+from gpumem import _C  # noqa: E402
+from gpumem.snapshots import unpickle  # noqa: E402
+from gpumem.snapshots.unpickle import SnapshotError, loads_snapshot  # noqa: E402
+
+SNAPSHOTS = Path(__file__).parent.parent.parent / "shared" / "snapshots"
+REAL = sorted(SNAPSHOTS.glob("*.pickle")) if SNAPSHOTS.is_dir() else []
+needs_real = pytest.mark.skipif(not REAL, reason=f"real snapshots not found at {SNAPSHOTS}")
+
+
+def reference(data: bytes, name: str = "snap") -> dict:
+    """The snapshot as loads_snapshot loads it with the reference reader
+    (Python's unpickler) in place of the native one."""
+    native = unpickle._read_native
+    unpickle._read_native = lambda data, name: unpickle._UNSUPPORTED
+    try:
+        return loads_snapshot(data, name)
+    finally:
+        unpickle._read_native = native
+
+
+def outcome(load, data: bytes):
+    try:
+        return "ok", load(data, "snap")
+    except SnapshotError as e:
+        return "refused", str(e)
+
+
+@pytest.mark.slow
+def test_a_generated_trace_becomes_records_equal_to_the_reference(tmp_path):
+    path = tmp_path / "big.pickle"
+    write_snapshot(path, 20_000)
+    data = path.read_bytes()
+    snap = loads_snapshot(data)
+    trace = snap["device_traces"][0]
+    assert isinstance(trace, _C.TraceColumns) and len(trace) == 20_000
+    ref = reference(data)
+    assert snap == ref
+    assert [trace[i] for i in (0, 1, 19_999, -1)] == [ref["device_traces"][0][i]
+                                                    for i in (0, 1, 19_999, -1)]
+    with pytest.raises(IndexError):
+        trace[20_000]
+
+
+@needs_real
+@pytest.mark.parametrize("path", REAL, ids=[p.name[:40] for p in REAL])
+def test_every_real_snapshot_loads_equal_to_the_reference(path):
+    data = path.read_bytes()
+    snap = loads_snapshot(data)
+    assert snap == reference(data)
+    assert all(isinstance(t, _C.TraceColumns) for t in snap["device_traces"] if len(t))
+
+
+def _entry(**kw):
+    e = {"action": "alloc", "addr": 4096, "size": 512, "stream": 0}
+    e.update(kw)
+    return e
+
+
+@pytest.mark.parametrize("trace", [
+    [_entry(), 7],                                   # a non-dict after records
+    [_entry(), _entry(size=-1)],                     # a negative size
+    [_entry(), _entry(addr=1 << 64)],                # past 64 bits
+    [_entry(), _entry(size=True)],                   # a bool is not an int here
+    [_entry(), {"action": "oom", "size": 1}],        # an oom without device_free
+    [_entry(), _entry(a=1, b=2, c=3, d=4)],          # more values than a record holds
+    [_entry(), {**_entry(), 5: 1}],                  # a key that is not a str
+], ids=["non-dict", "negative", "too-big", "bool", "oom", "extra-keys", "int-key"])
+def test_entries_that_cannot_be_records_leave_the_list_as_the_reference_reads_it(trace):
+    data = pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4)
+    native, ref = outcome(loads_snapshot, data), outcome(lambda d, n: reference(d, n), data)
+    assert native == ref
+    if native[0] == "ok":
+        assert isinstance(native[1]["device_traces"][0], list)
+
+
+def test_shared_lists_and_entries_keep_their_meaning():
+    e = _entry(frames=[{"filename": "a.py", "line": 1, "name": "f"}])
+    trace = [e, _entry(addr=8192), e]                 # one entry twice: stays dicts
+    other = [_entry(addr=1), _entry(addr=2)]
+    snap = {"segments": [], "device_traces": [other, trace, other],  # a trace twice
+            "extra": [other]}                                     # and named elsewhere
+    data = pickle.dumps(snap, protocol=4)
+    got = loads_snapshot(data)
+    assert got == reference(data)
+    assert isinstance(got["device_traces"][1], list)
+    assert isinstance(got["extra"][0], list) and got["extra"][0] == other
+
+
+class _Global:
+    pass
+
+
+def _refusals():
+    out = {}
+    for proto in (2, 3, 4, 5):
+        out[f"global-p{proto}"] = pickle.dumps({"segments": [_Global]}, protocol=proto)
+    out["reduce"] = pickle.dumps(io.BytesIO(b"x"), protocol=4)
+
+    class P(pickle.Pickler):
+        def persistent_id(self, obj):
+            return "pid-1" if obj == "secret" else None
+    buf = io.BytesIO()
+    P(buf, protocol=4).dump({"segments": [], "x": "secret"})
+    out["binpersid"] = buf.getvalue()
+    out["persid"] = b"\x80\x02Ppid-1\n."
+    good = pickle.dumps({"segments": [], "device_traces": [[_entry()] * 3]}, protocol=4)
+    out["truncated"] = good[:-5]
+    out["memo-bomb"] = b"\x80\x04N" + b"r" + (1 << 29).to_bytes(4, "little") + b"."
+    for op in b"Rbo\x81\x92\x82\x83\x84\x97\x98Q":
+        out[f"op-{op:02x}"] = b"\x80\x04N" + bytes([op]) + b"\x00\x00\x00\x00."
+    out["bad-key"] = b"\x80\x04\xff."
+    out["underflow"] = b"\x80\x04a."
+    out["unhashable"] = b"\x80\x04}](u."[:-2] + b"]N" + b"u."
+    return out
+
+
+@pytest.mark.parametrize("name,data", list(_refusals().items()), ids=list(_refusals()))
+def test_refused_as_the_reference_refuses(name, data):
+    native = outcome(loads_snapshot, data)
+    ref = outcome(lambda d, n: reference(d, n), data)
+    assert native[0] == ref[0] == "refused", (native, ref)
+    if name.startswith(("global", "persid", "truncated", "memo")):
+        assert native == ref
+
+
+def _mutants(seed: int, count: int):
+    rng = random.Random(seed)
+    frames = [{"filename": "/u/train.py", "line": 3, "name": "step"}]
+    base = pickle.dumps({"segments": [{"device": 0, "address": 1 << 32, "total_size": 1 << 21,
+                                       "stream": 0, "blocks": [{"size": 1 << 21,
+                                                                "state": "inactive"}]}],
+                         "device_traces": [[_entry(addr=4096 * i, frames=frames, time_us=i)
+                                            for i in range(6)]]}, protocol=4)
+    for _ in range(count):
+        data = bytearray(base)
+        for _ in range(rng.randrange(1, 4)):
+            kind = rng.randrange(3)
+            i = rng.randrange(2, len(data))
+            if kind == 0:
+                data[i] = rng.randrange(256)
+            elif kind == 1:
+                del data[i:i + rng.randrange(1, 8)]
+            else:
+                data[i:i] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 6)))
+        yield bytes(data)
+
+
+@pytest.mark.slow
+def test_mutated_snapshots_load_or_are_refused_as_the_reference_does():
+    differ = []
+    for data in _mutants(seed=34, count=3000):
+        native = outcome(loads_snapshot, data)
+        ref = outcome(lambda d, n: reference(d, n), data)
+        if native[0] != ref[0] or (native[0] == "ok" and native[1] != ref[1]):
+            differ.append((data, native, ref))
+    assert not differ, differ[:3]
+
+
+_FUZZ = """
+import pickle, random, sys
+sys.path.insert(0, {tests!r})
+from test_big_snapshots import _mutants, _refusals
+from gpumem import _C
+n = 0
+for data in list(_mutants(seed=7, count=4000)) + list(_refusals().values()):
+    for compact in (True, False):
+        try:
+            obj = _C.read_snapshot_pickle(data, compact)
+            if isinstance(obj, dict):
+                for t in obj.get("device_traces") or []:
+                    list(t) if isinstance(t, _C.TraceColumns) else None
+            n += 1
+        except (ValueError, MemoryError):
+            n += 1
+print("fuzzed", n)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sanitized_ext.find_cc() is None, reason="no C compiler found")
+def test_the_reader_under_asan_on_mutated_and_refused_inputs(tmp_path_factory):
+    lib, env = sanitized_ext.built(tmp_path_factory)
+    p = subprocess.run([sys.executable, "-c", _FUZZ.format(tests=str(Path(__file__).parent))],
+                       cwd=lib, env=env, capture_output=True, text=True, timeout=900)
+    out = p.stdout + p.stderr
+    sanitized_ext.assert_clean(out, "the snapshot reader's fuzz run")
+    assert p.returncode == 0 and "fuzzed 8" in out, out[-3000:]
+
+
+def test_a_repeated_trace_list_is_refused_before_it_is_walked(tmp_path):
+    trace = [_entry(addr=4096 * (i + 1)) for i in range(1000)]
+    data = pickle.dumps({"segments": [], "device_traces": [trace] * 2000}, protocol=4)
+    t0 = time.perf_counter()
+    with pytest.raises(SnapshotError, match="repeat the same objects"):
+        loads_snapshot(data)
+    assert time.perf_counter() - t0 < 2.0
+
+
+def _reports(snap: dict, name: str) -> dict:
+    from gpumem.snapshots import summary, view
+    return {"summary": summary.summarize(snap, name, top=10),
+            "diff": summary.diff(snap, snap, (name, name)),
+            "view": view.build_payload(snap, name)}
+
+
+@pytest.mark.slow
+def test_summary_diff_and_view_of_records_equal_the_reference_on_a_generated_snapshot(
+        tmp_path):
+    path = tmp_path / "g.pickle"
+    write_snapshot(path, 3000)
+    data = path.read_bytes()
+    snap = loads_snapshot(data)
+    assert isinstance(snap["device_traces"][0], _C.TraceColumns)
+    assert _reports(snap, "g") == _reports(reference(data), "g")
+
+
+@pytest.mark.slow
+@needs_real
+@pytest.mark.parametrize("path", REAL, ids=[p.name[:40] for p in REAL])
+def test_summary_diff_and_view_of_records_equal_the_reference_on_real_snapshots(path):
+    data = path.read_bytes()
+    assert _reports(loads_snapshot(data), path.name) == _reports(reference(data), path.name)
