@@ -41,6 +41,7 @@
 #include "../history/intern.h"
 #include "hist_capture.h"
 #include "hist_pywalk.h"
+#include "pycompat.h"
 
 #define PY_STACK_INLINE 128
 #define C_STACK_MAX 96
