@@ -22,7 +22,8 @@ Approach, in the order the loader works:
   - only a regular file is read (a FIFO would block, /dev/zero never ends),
     opened without blocking, and at most Limits.max_bytes (2 GiB) of it;
   - the opcodes are walked before unpickling (gpumem.snapshots.pickle_scan): a memo
-    store to an index beyond the stores made so far is refused;
+    store to an index beyond the stores made so far is refused, and so is an
+    argument longer than the data left (a truncated or corrupt file);
   - the records the commands walk are counted, each reference to a shared
     list counted again, from list lengths (no walk): segments, blocks,
     trace entries and external annotations.  A recorder writes each of them
@@ -55,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from gpumem._atomic import kind_of
-from gpumem.snapshots.pickle_scan import memo_bomb
+from gpumem.snapshots.pickle_scan import refusal
 
 __all__ = ["SnapshotError", "Limits", "load_snapshot", "loads_snapshot", "normalize_snapshot",
            "records_limit", "short_int", "gc_paused", "MAX_BYTES", "RECORD_BYTES", "MIN_RECORDS"]
@@ -271,9 +272,12 @@ def loads_snapshot(data: bytes | bytearray | memoryview, name: str = "snapshot d
             f"{name} uses pickle protocol {data[1]}, which this Python cannot read "
             f"(it reads protocols 2 to {pickle.HIGHEST_PROTOCOL}); {_DUMP_HINT}"
         )
-    bomb = memo_bomb(data)
-    if bomb is not None:
-        at, index, stores = bomb
+    refused = refusal(data)
+    if refused is not None and refused[0] == "overlong":
+        raise SnapshotError(
+            f"{name} is truncated (pickle data ended early); re-dump the snapshot")
+    if refused is not None:
+        _, at, index, stores = refused
         raise SnapshotError(
             f"{name} is corrupt: at byte {at} it stores to memo entry {short_int(index)} after "
             f"only {stores} stores (no pickler numbers them so; unpickling it would allocate "
