@@ -179,11 +179,19 @@ def _deep(n):
 
 
 def _dumps_deep(obj) -> bytes:
-    """pickle.dumps for the deeply nested variants (the pickler recurses, the unpickler does not)."""
+    """pickle.dumps for the deeply nested variants (the pickler recurses, the unpickler does not).
+    CPython 3.12 bounds the C pickler's recursion by a C limit that
+    setrecursionlimit does not raise; there the pure-Python pickler (the
+    same bytes) writes them."""
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 20000))
     try:
-        return pickle.dumps(obj, protocol=4)
+        try:
+            return pickle.dumps(obj, protocol=4)
+        except RecursionError:
+            buf = io.BytesIO()
+            pickle._Pickler(buf, protocol=4).dump(obj)
+            return buf.getvalue()
     finally:
         sys.setrecursionlimit(old)
 

@@ -19,6 +19,7 @@
 #include "cuda_driver.h"
 #include "errors.h"
 #include "hist_capture.h"
+#include "pycompat.h"
 #include "segments.h"
 #include "settings.h"
 #include "stats.h"

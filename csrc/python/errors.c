@@ -9,6 +9,7 @@
  * Must not: be called with an allocator lock held (it allocates objects).
  */
 #include "errors.h"
+#include "pycompat.h"
 
 /* gpumem._C.OutOfMemoryError; set once at module init (protected by: GIL,
  * immutable after init). */

@@ -42,6 +42,7 @@
 #include "../history/sample.h"
 #include "hist_capture.h"
 #include "hist_pywalk.h"
+#include "pycompat.h"
 
 #define PY_STACK_INLINE 128
 #define C_STACK_MAX 96

@@ -18,6 +18,7 @@
 #include "../history/hist.h"
 #include "../history/intern.h"
 #include "hist_frames.h"
+#include "pycompat.h"
 
 #define MAX_JS_INT (((uint64_t)1 << 53) - 1)
 

@@ -4,8 +4,8 @@
  *
  * Two walks yield the same frames:
  *   - gm_pywalk_api: the public C API (PyEval_GetFrame, PyFrame_GetBack,
- *     PyFrame_GetCode, PyFrame_GetLasti or, before 3.11,
- *     PyFrame_GetLineNumber). Every CPython version (3.10-3.13).
+ *     PyFrame_GetCode, PyFrame_GetLasti or, before 3.11, which lacks it,
+ *     the frame's public f_lasti field). Every CPython version (3.9-3.13).
  *   - gm_pywalk_direct: CPython 3.11 only. Reads the thread's
  *     _PyInterpreterFrame chain directly, as profilers (py-spy, austin,
  *     memray) do: no frame object is created, no reference taken, no call
@@ -40,7 +40,7 @@
 
 #include "../history/intern.h"
 #if PY_VERSION_HEX < 0x030B0000
-#include <frameobject.h> /* PyFrame_GetBack is declared here before 3.11 */
+#include <frameobject.h> /* PyFrame_GetBack and PyFrameObject's fields before 3.11 */
 #endif
 
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
@@ -87,13 +87,16 @@ static inline uint32_t gm_pywalk_api(gm_pywalk_buf_t *b) {
         PyCodeObject *co = PyFrame_GetCode(f); /* new reference */
         gm_rawframe_t *r = &b->buf[n++];
         r->code = (uintptr_t)co;
+        /* The byte offset of the last instruction, as every version's
+         * frame.f_lasti gives it in Python (-1 before the first). */
 #if PY_VERSION_HEX >= 0x030B0000
         r->loc = PyFrame_GetLasti(f);
-        r->kind = GM_LOC_LASTI;
+#elif PY_VERSION_HEX >= 0x030A0000
+        r->loc = f->f_lasti < 0 ? -1 : f->f_lasti * (int)sizeof(_Py_CODEUNIT); /* code units */
 #else
-        r->loc = PyFrame_GetLineNumber(f);
-        r->kind = GM_LOC_LINE;
+        r->loc = f->f_lasti; /* already bytes */
 #endif
+        r->kind = GM_LOC_LASTI;
         /* The executing frame keeps its code alive for the whole walk. */
         Py_DECREF(co);
         PyFrameObject *back = PyFrame_GetBack(f); /* new reference or NULL */

@@ -20,6 +20,7 @@
 #include "hist_capture.h"
 #include "hist_frames.h"
 #include "hist_snapshot.h"
+#include "pycompat.h"
 #include "segments.h"
 #include "settings.h"
 

@@ -45,7 +45,24 @@ _PKG_RE = re.compile(r"/(?:site|dist)-packages/")
 _GENERATED_RE = re.compile(r"/torchinductor_[^/]*/|^<frozen ")
 _POSIX_STDLIB_RE = re.compile(r"/lib/python\d+(?:\.\d+)?t?/([^/]+)")
 _WIN_STDLIB_RE = re.compile(r"^[a-z]:/(?:.*/)?lib/([^/]+)", re.I)
-_STDLIB_NAMES = frozenset(getattr(sys, "stdlib_module_names", ()))
+
+
+def _stdlib_names() -> frozenset:
+    """The standard library's top-level module names: sys.stdlib_module_names
+    (3.10+); on 3.9, which lacks it, the names in this interpreter's
+    standard library folder and its built-in modules."""
+    names = getattr(sys, "stdlib_module_names", None)
+    if names:
+        return frozenset(names)
+    try:
+        entries = os.listdir(sysconfig.get_paths()["stdlib"])
+    except (OSError, KeyError):
+        return frozenset()
+    return frozenset(e[:-3] if e.endswith(".py") else e for e in entries
+                     if e != "site-packages") | frozenset(sys.builtin_module_names)
+
+
+_STDLIB_NAMES = _stdlib_names()
 
 
 def norm_path(path: str) -> str:
@@ -86,7 +103,7 @@ def _local_places() -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _stdlib_name(match: re.Match | None) -> bool:
     if match is None:
         return False
-    if not _STDLIB_NAMES:   # Python 3.9: no list of names, trust the folder
+    if not _STDLIB_NAMES:   # no list of names (the stdlib folder unreadable): trust the folder
         return True
     top = match.group(1)
     top = top[:-3] if top.endswith(".py") else top

@@ -6,9 +6,14 @@ pickle that stores to index 2**29 makes it allocate and touch 8 GB before
 anything fails (issue 16.6).  Every pickler numbers its memo entries 0, 1,
 2, ... as it stores them (Python's, torch's C++ pickler, pickletools.optimize),
 so an index can never be larger than the number of stores before it.
-memo_bomb() walks the opcodes exactly as the unpickler will read them and
-returns the first store that breaks that rule, so the loader refuses the
-file before unpickling it.
+The same walk finds a length-prefixed argument (BYTES8, BYTEARRAY8, ...)
+longer than the data left: the unpickler would allocate the length it names
+before finding the data truncated, and CPython 3.9 and 3.10 leak a buffer
+export when that allocation of a BYTEARRAY8 fails ("deallocated bytearray
+object has exported buffers" on stderr).
+refusal() walks the opcodes exactly as the unpickler will read them and
+returns the first store or argument that breaks these rules, so the loader
+refuses the file before unpickling it.
 
 The walk stops where the unpickler would stop reading (STOP, an unknown
 opcode, the end of the data), so it never disagrees with the unpickler
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import pickletools
 
-__all__ = ["memo_bomb", "SLACK"]
+__all__ = ["refusal", "SLACK"]
 
 #: Stores may name an index this far beyond the count (no pickler does).
 SLACK = 1024
@@ -51,9 +56,11 @@ _SKIP = [0 if k < 0 or op in (_STOP, _MEMOIZE, _BINPUT, _LONG_BINPUT) else 1 + k
          for op, k in enumerate(_ARG)]
 
 
-def memo_bomb(data: bytes) -> tuple[int, int, int] | None:
-    """(offset, index, stores so far) of the first memo store whose index
-    exceeds the stores before it by more than SLACK, or None."""
+def refusal(data: bytes) -> tuple[str, int, int, int] | None:
+    """The first reason to refuse data, or None: ("memo", offset, index,
+    stores so far) for a memo store whose index exceeds the stores before it
+    by more than SLACK; ("overlong", offset, length, bytes left) for an
+    argument longer than the data after its length prefix."""
     arg, skip, frombytes, find = _ARG, _SKIP, int.from_bytes, data.find
     n, i, stores = len(data), 0, 0
     while i < n:
@@ -68,7 +75,7 @@ def memo_bomb(data: bytes) -> tuple[int, int, int] | None:
         if op == _BINPUT or op == _LONG_BINPUT:
             index = frombytes(data[i:i + k], "little")
             if index > stores + SLACK:
-                return at, index, stores
+                return "memo", at, index, stores
             stores += 1
             i += k
         elif op == _MEMOIZE:
@@ -87,7 +94,7 @@ def memo_bomb(data: bytes) -> tuple[int, int, int] | None:
                 if index < 0:
                     return None
                 if index > stores + SLACK:
-                    return at, index, stores
+                    return "memo", at, index, stores
                 stores += 1
             elif op in _TWO_LINES:
                 j = find(b"\n", j + 1)
@@ -99,7 +106,10 @@ def memo_bomb(data: bytes) -> tuple[int, int, int] | None:
             length = frombytes(data[i:i + width], "little", signed=(k == _SIGNED))
             if length < 0:
                 return None  # the unpickler refuses a negative length
-            i += width + length
+            i += width
+            if length > n - i:
+                return "overlong", at, length, max(n - i, 0)
+            i += length
         else:
             return None  # an unknown opcode: the unpickler stops here
     return None

@@ -29,8 +29,9 @@ Approach, in the order the loader works:
     csrc/python/trace_columns.c: 56 bytes an entry where dicts cost
     about 390, docs/benchmarks.md).  The few legal opcodes it leaves
     alone (text opcodes, sets, protocol 2's globals) send the file to
-    Python's unpickler, the reference, after the same memo check by a
-    walk over the opcodes (gpumem.snapshots.pickle_scan);
+    Python's unpickler, the reference, after a walk over the opcodes
+    (gpumem.snapshots.pickle_scan) refuses the same memo stores and any
+    argument longer than the data left (a truncated or corrupt file);
   - the records the commands walk are counted, each reference to a shared
     list counted again, from list lengths (no walk): segments, blocks,
     trace entries and external annotations.  A recorder writes each of them
@@ -64,7 +65,7 @@ from typing import Any, Iterator
 
 from gpumem import _C
 from gpumem._atomic import kind_of
-from gpumem.snapshots.pickle_scan import memo_bomb
+from gpumem.snapshots.pickle_scan import refusal
 
 __all__ = ["SnapshotError", "Limits", "load_snapshot", "loads_snapshot", "normalize_snapshot",
            "records_limit", "short_int", "gc_paused", "MAX_BYTES", "RECORD_BYTES", "MIN_RECORDS"]
@@ -348,9 +349,11 @@ def _read_native(data: bytes, name: str) -> Any:
 def _read_reference(data: bytes, name: str) -> Any:
     """The object of the pickle by Python's unpickler, every global refused:
     the reference the native reader is tested against."""
-    bomb = memo_bomb(data)
-    if bomb is not None:
-        raise _memo_bomb_error(name, *bomb)
+    refused = refusal(data)
+    if refused is not None and refused[0] == "overlong":
+        raise _truncated(name)
+    if refused is not None:
+        raise _memo_bomb_error(name, *refused[1:])
     try:
         with gc_paused():
             return _DataOnlyUnpickler(_Reader(data)).load()

@@ -17,6 +17,7 @@
 
 #include "history/hist.h"
 #include "python/core_api.h"
+#include "python/pycompat.h"
 
 /* The capsules' tables, fetched once at import (immutable after init). */
 extern const gm_core_api_t *tx_core;
