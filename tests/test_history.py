@@ -285,9 +285,13 @@ def test_shrinking_max_entries_keeps_the_newest_events():
     before = trace(history.snapshot())  # also records a snapshot marker
     history.record_memory_history(max_entries=5)
     after = trace(history.snapshot())
-    assert [(e["action"], e["addr"], e["time_us"]) for e in after] == [
-        (e["action"], e["addr"], e["time_us"]) for e in before[-4:]] + [
-        ("snapshot", 0, after[-1]["time_us"])]
+    assert [(e["action"], e["addr"]) for e in after] == [
+        (e["action"], e["addr"]) for e in before[-4:]] + [("snapshot", 0)]
+    # the same four events: each snapshot converts event times with the rate
+    # it measures (Note [Event clock] in csrc/history/clock.h), so a time may
+    # move by a microsecond between the two, never more
+    assert all(abs(x["time_us"] - y["time_us"]) <= 1 for x, y in zip(after, before[-4:])), (
+        after, before[-4:])
     history.record_memory_history(max_entries=50)  # growing keeps everything
     _ops(a, 3)
     ev = trace(history.snapshot())

@@ -16,7 +16,10 @@
  * Limitations: assumes a TSC that runs at a constant rate and agrees
  *   between cores (constant_tsc / nonstop_tsc, what Linux requires to use
  *   it as its clocksource); a wall-clock step between the anchor and a
- *   copy is spread over the span instead of appearing as a jump.
+ *   copy is spread over the span instead of appearing as a jump. Each
+ *   copy measures the rate again over a longer span, so two snapshots may
+ *   give the same event times a microsecond apart (the later one's rate is
+ *   the better estimate).
  */
 #ifndef GM_HISTORY_CLOCK_H
 #define GM_HISTORY_CLOCK_H
