@@ -33,7 +33,7 @@ README = ROOT / "README.md"
 
 # Run by CI as .ci/run (./setup.sh would reinstall this environment; the full
 # suite is the suite this test belongs to).
-BY_CI = ("./setup.sh", "python -m pytest -q tests")
+BY_CI = ("./setup.sh", "python -m pytest -q -n 2 --dist loadfile tests")
 
 
 def readme_blocks() -> list[tuple[str, list[str]]]:
