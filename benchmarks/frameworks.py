@@ -6,7 +6,10 @@ Runs the matrix of tests/frameworks (tests/frameworks/conftest.py, STACKS):
 torchtitan's llama3 debug model through its own launcher on 1 and 2 GPUs
 (CUDA graphs and expandable segments on, its defaults), Hugging Face
 Trainer (plain, gradient checkpointing, PEFT LoRA, torch.compile),
-Lightning bf16-mixed, timm and diffusers training steps.  Each stack runs
+Lightning bf16-mixed, timm and diffusers training steps; and, only when
+named in --only, torchtitan_8b_8gpu (Llama 3.1 8B, --config llama3_8b, on
+8 simulated GPUs; too heavy for the test matrix: about 3 minutes and 8 x
+1.1 GB of host memory per allocator, device memory holding no data).  Each stack runs
 once with torch's allocator (python -m gpumem.sim) and once under
 gpumem simulate, in a temporary folder; the figures are what every process
 that used the device read from torch.cuda.memory_stats(), kept across
@@ -67,7 +70,9 @@ def main(argv=None) -> None:
                     help="no unmeasured run first for the stacks that compile")
     args = ap.parse_args(argv)
     runner = _runner()
-    names = [n for n in args.only.split(",") if n] or list(runner.STACKS)
+    default = list(runner.STACKS)
+    runner.STACKS.update(_heavy_stacks(runner))
+    names = [n for n in args.only.split(",") if n] or default
     unknown = sorted(set(names) - set(runner.STACKS))
     if unknown:
         ap.error(f"unknown stack(s) {', '.join(unknown)}; known: {', '.join(runner.STACKS)}")
@@ -103,6 +108,20 @@ def main(argv=None) -> None:
             print(f"{name}: done", file=sys.stderr, flush=True)
     result["machine"]["load_average_at_end"] = _load()
     print(json.dumps(result, indent=1))
+
+
+def _heavy_stacks(runner) -> dict:
+    """Stacks run only when --only names them.  torchtitan_8b_8gpu: the
+    1-GPU debug model's launcher and defaults with --config llama3_8b and the
+    debug config's tokenizer and c4_test data, on 8 ranks, without host
+    memory behind the simulated devices (GPUMEM_FAKECUDA_NO_HOST_MEMORY=1)."""
+    base = runner._torchtitan(8)
+    argv = ["llama3_8b" if a == "llama3_debugmodel" else a for a in base.argv]
+    argv += ["--hf_assets_path", "./tests/assets/tokenizer", "--dataloader.dataset", "c4_test",
+             "--profiler.no-enable-profiling", "--metrics.no-enable-tensorboard"]
+    return {"torchtitan_8b_8gpu": runner.Stack(
+        argv=argv, needs=base.needs, devices=8, compiles="torchtitan_8b", setup=base.setup,
+        env=dict(base.env, GPUMEM_FAKECUDA_NO_HOST_MEMORY="1"), timeout=3000)}
 
 
 def _cpus() -> int:

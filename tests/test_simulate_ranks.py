@@ -92,11 +92,20 @@ def test_devices_come_from_nproc_or_from_a_torchrun_command():
 
 
 @pytest.mark.parametrize("flag, nproc, expect", [
-    (None, None, None), (None, 2, "1"), (False, None, "1"), (True, 2, None), (False, 2, "1")])
+    (None, 2, "1"), (False, None, "1"), (True, 2, None), (True, None, None), (False, 2, "1")])
 def test_host_memory_flags(flag, nproc, expect):
     env = {_launch.ENV_NO_HOST_MEMORY: "1"} if expect is None else {}
     _launch.host_memory_env(env, flag, nproc)
     assert env.get(_launch.ENV_NO_HOST_MEMORY) == expect
+
+
+@pytest.mark.parametrize("user", [None, "1", "0"])
+def test_host_memory_without_flags_keeps_the_users_value(user):
+    """No flag and no --nproc-per-node: GPUMEM_FAKECUDA_NO_HOST_MEMORY as the
+    user set it (it used to be dropped, so an explicit 1 was lost)."""
+    env = {} if user is None else {_launch.ENV_NO_HOST_MEMORY: user}
+    _launch.host_memory_env(env, None, None)
+    assert env.get(_launch.ENV_NO_HOST_MEMORY) == user
 
 
 def test_host_memory_flags_parse_and_exclude_each_other(capsys):

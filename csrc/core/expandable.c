@@ -15,8 +15,12 @@
  *   gpumem first unmaps as many wholly free granules from holes between
  *   live blocks (largest holes first), so growth reuses physical memory
  *   that fragmentation left idle instead of adding to it; torch only does
- *   this on OOM. empty_cache and the out-of-memory path unmap every wholly
- *   free granule.
+ *   this on OOM. When the holes cannot cover the growth, holes with a
+ *   single whole granule are not touched: unmapping it left a 4 MiB hole
+ *   unfit for the next 4 MiB request, which split a larger hole instead,
+ *   and torchtitan's Llama 3.1 8B reserved 48 MiB more than under torch
+ *   (docs/benchmarks.md). empty_cache and the out-of-memory path unmap
+ *   every wholly free granule.
  * Limitations: recycling costs an unmap (and a stream synchronize) while a
  *   segment is growing; a steady state that does not grow pays nothing.
  *   While a CUDA graph capture may be underway (a private pool is
@@ -227,6 +231,12 @@ static int unmap_part(gm_alloc_t *a, gm_block_t *b, size_t max_granules, uint32_
 int gm_expandable_unmap_unlocked(gm_alloc_t *a, gm_block_t *b, uint32_t ctx) {
     return unmap_part(a, b, 0, ctx);
 }
+/* How many granules free block b covers wholly. */
+static size_t whole_granules(const gm_block_t *b, size_t g) {
+    size_t lo = (b->ptr - b->expseg->va + g - 1) / g, hi = (b->ptr + b->size - b->expseg->va) / g;
+    return lo < hi ? hi - lo : 0;
+}
+
 static int by_size_desc(const void *x, const void *y) {
     size_t a = (*(gm_block_t *const *)x)->size, b = (*(gm_block_t *const *)y)->size;
     return a < b ? 1 : a > b ? -1 : 0;
@@ -247,8 +257,7 @@ static int recycle_holes(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_
         if (!b->expseg || b->stream != stream || (b->prev && !b->prev->mapped) ||
             (b->next && !b->next->mapped) || b->size < g)
             continue;
-        size_t lo = (b->ptr - b->expseg->va + g - 1) / g, hi = (b->ptr + b->size - b->expseg->va) / g;
-        if (lo >= hi)
+        if (!whole_granules(b, g))
             continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
@@ -260,6 +269,21 @@ static int recycle_holes(gm_alloc_t *a, gm_pool_t *pool, uintptr_t stream, size_
             cand = c2;
         }
         cand[n++] = b;
+    }
+    /* When the holes cannot cover the growth, unmapping part of it still
+     * grows the segment: then a hole with a single whole granule (a small
+     * one, often misaligned) is left whole, so the next request of the
+     * size that freed it fits there as in torch, instead of splitting a
+     * larger hole. See Note [Expandable segments]. */
+    size_t avail = 0;
+    for (size_t i = 0; i < n && avail < need; i++)
+        avail += whole_granules(cand[i], g);
+    if (avail < need) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (whole_granules(cand[i], g) >= 2)
+                cand[k++] = cand[i];
+        n = k;
     }
     if (n > 1)
         qsort(cand, n, sizeof *cand, by_size_desc);

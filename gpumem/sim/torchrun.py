@@ -51,9 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def host_memory_env(env: dict, host_memory: Optional[bool], nproc: Optional[int]) -> None:
     """Set or clear GPUMEM_FAKECUDA_NO_HOST_MEMORY in the child's env: on with
-    --no-host-memory or under --nproc-per-node, off with --host-memory."""
+    --no-host-memory or under --nproc-per-node, off with --host-memory; with
+    neither flag nor --nproc-per-node, the user's own value (if any) stays."""
     if host_memory is None:
-        host_memory = nproc is None
+        if nproc is None:
+            return
+        host_memory = False
     if host_memory:
         env.pop(ENV_NO_HOST_MEMORY, None)
     else:
