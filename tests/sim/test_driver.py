@@ -270,9 +270,9 @@ def test_fallback_header_matches_cuda_h(tmp_path):
 
     # Prototypes: redeclaring a function with a different type is an error.
     protos = re.findall(r"^CUresult CUDAAPI \w+\(.*?\);", min_h, re.M | re.S)
-    # all but the 7 legacy aliases and cuStreamGetCaptureInfo_v2, which cuda.h
+    # all but the 8 legacy aliases and cuStreamGetCaptureInfo_v2, which cuda.h
     # declares only for the driver's own build (fakecuda_internal.h has it)
-    assert len(protos) == len(EXPECTED_CU) - 8
+    assert len(protos) == len(EXPECTED_CU) - 9
     decl = tmp_path / "protos.c"
     decl.write_text("#include <cuda.h>\n" + "\n".join(protos) + "\n")
     proc = subprocess.run(CC + ["-c", "-Werror", "-I", str(CUDA_INCLUDE), str(decl), "-o",
@@ -282,8 +282,8 @@ def test_fallback_header_matches_cuda_h(tmp_path):
     # the driver's own build (__CUDA_API_VERSION_INTERNAL).
     internal = (DRIVER_DIR / "fakecuda_internal.h").read_text()
     legacy = re.findall(r"^CUresult CUDAAPI (?:cuDeviceGetUuid|cuDevicePrimaryCtx\w+|cuCtx\w+Current|"
-                        r"cuStreamDestroy|cuEventDestroy)\(.*?\);", internal, re.M)
-    assert len(legacy) == 7
+                        r"cuStreamDestroy|cuEventDestroy|cuStreamWriteValue32)\(.*?\);", internal, re.M | re.S)
+    assert len(legacy) == 8
     decl.write_text("#define __CUDA_API_VERSION_INTERNAL 1\n#include <cuda.h>\n" + "\n".join(legacy) + "\n")
     proc = subprocess.run(CC + ["-c", "-I", str(CUDA_INCLUDE), str(decl), "-o", str(tmp_path / "p.o")],
                           capture_output=True, text=True)
