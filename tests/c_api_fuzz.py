@@ -321,6 +321,31 @@ def fuzz_device_backend(rng, testext):
     exercise(a, "device_backend after del")
 
 
+def fuzz_snapshot_reader(rng):
+    """read_snapshot_pickle on wrong types and on a snapshot cut and flipped
+    at random; TraceColumns (made only by the reader) indexed out of range."""
+    import pickle
+    entries = [{"action": a, "addr": 1 << 40, "size": 512, "stream": 0, "time_us": t,
+                "frames": [{"filename": "f.py", "line": 3, "name": "g"}]}
+               for t, a in enumerate(["alloc", "free_completed"] * 3)]
+    snap = {"segments": [], "device_traces": [entries]}
+    data = pickle.dumps(snap, protocol=4)
+    for args in arg_lists(2, rng, 50):
+        call(C.read_snapshot_pickle, *args)
+    call(C.TraceColumns)
+    for _ in range(300):
+        b = bytearray(data[:rng.randrange(len(data) + 1)])
+        for _ in range(rng.randrange(4)):
+            if b:
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        call(C.read_snapshot_pickle, bytes(b), compact=rng.random() < 0.5)
+    trace = C.read_snapshot_pickle(data)["device_traces"][0]
+    assert type(trace).__name__ == "TraceColumns" and len(trace) == 6, trace
+    for v in BAD:
+        call(trace.__getitem__, v)
+    call(list, trace)
+
+
 def main(argv):
     rng = random.Random(16)
     print(f"gpumem._C from {os.path.realpath(C.__file__)}", flush=True)
@@ -337,12 +362,14 @@ def main(argv):
              "default_settings", "cuda_last_result", "cuda_open", "_hist_configure",
              "_hist_config", "_hist_snapshot", "_hist_traceback", "_hist_set_metadata",
              "_hist_get_metadata", "_hist_overhead_bytes", "_hist_counts",
-             "_hist_backward_enter", "_hist_backward_exit", "_hist_capture", "_hist_seq"}
+             "_hist_backward_enter", "_hist_backward_exit", "_hist_capture", "_hist_seq",
+             "read_snapshot_pickle", "TraceColumns"}
     entry_points = {n for n in dir(C) if callable(getattr(C, n)) and not n.startswith("__")}
     unknown = entry_points - known - NOT_CALLED
     assert not unknown, f"gpumem._C entry points the fuzzer does not call: {sorted(unknown)}"
     fuzz_size_policy(rng)
     fuzz_replay(rng)
+    fuzz_snapshot_reader(rng)
     fuzz_constructor(rng)
     a = C.Allocator(capacity=1 << 30)
     fuzz_history(rng, a)
