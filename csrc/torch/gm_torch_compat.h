@@ -59,6 +59,16 @@
 /* supportsUserMetadata and annotateMemory. */
 #define GM_TORCH_ANNOTATE_MEMORY GM_TORCH_AT_LEAST(2, 14)
 
+/* The OOM message's hint, word for word from each release's libc10_cuda.so:
+ * 2.6.0 names PYTORCH_CUDA_ALLOC_CONF, 2.10.0 PYTORCH_ALLOC_CONF (the
+ * generic variable, read from 2.9 on), 2.14.1 PYTORCH_CUDA_ALLOC_CONF again;
+ * both older ones link https://pytorch.org/docs/stable/notes/cuda.html#
+ * environment-variables, 2.14.1 the docs.pytorch.org page. The releases
+ * between were not read: the switches put the change of variable with the
+ * generic config (2.9) and both changes back at 2.14. */
+#define GM_TORCH_OOM_HINT_GENERIC_VAR (GM_TORCH_AT_LEAST(2, 9) && !GM_TORCH_AT_LEAST(2, 14))
+#define GM_TORCH_OOM_HINT_NEW_DOCS GM_TORCH_AT_LEAST(2, 14)
+
 /* attachOomRejectionObserver and DeviceStats::num_oom_rejections. */
 #define GM_TORCH_OOM_REJECTION GM_TORCH_AT_LEAST(2, 12)
 

@@ -5,7 +5,7 @@
  * of memory through the pluggable allocator] in gm_torch_alloc.cpp.
  *
  * The message is torch's, including "allocated by PyTorch" and the
- * PYTORCH_CUDA_ALLOC_CONF hint: gpumem takes its settings from that
+ * PYTORCH_CUDA_ALLOC_CONF hint (in the imported release's words): gpumem takes its settings from that
  * variable, and scripts and tools parse this text. "<limit> allowed; " is
  * there exactly when a memory fraction below 1 is in force (even one of 0
  * bytes). Free blocks cached in private pools count as "allocated in
@@ -16,6 +16,20 @@
 #include "gm_torch.h"
 
 #include <c10/util/Exception.h>
+
+/* The hint's wording follows the release built against (gm_torch_compat.h). */
+#if GM_TORCH_OOM_HINT_GENERIC_VAR
+#define OOM_HINT_VAR "PYTORCH_ALLOC_CONF"
+#else
+#define OOM_HINT_VAR "PYTORCH_CUDA_ALLOC_CONF"
+#endif
+#if GM_TORCH_OOM_HINT_NEW_DOCS
+#define OOM_HINT_DOCS                                                               \
+  "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-" \
+  "pytorch-cuda-alloc-conf)"
+#else
+#define OOM_HINT_DOCS "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+#endif
 
 namespace gpumem {
 
@@ -44,10 +58,8 @@ std::string oom_message(int device, const gm_oom_info_t& oom) {
     msg += "with " + size_text(in_pools) + " allocated in private pools (e.g., CUDA Graphs), ";
   msg += "and " + size_text(oom.reserved_unallocated - in_pools) +
          " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large "
-         "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
-         "fragmentation.  See documentation for Memory Management  "
-         "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-"
-         "pytorch-cuda-alloc-conf)";
+         "try setting " OOM_HINT_VAR "=expandable_segments:True to avoid "
+         "fragmentation.  See documentation for Memory Management  " OOM_HINT_DOCS;
   return msg;
 }
 

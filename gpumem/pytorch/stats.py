@@ -47,7 +47,10 @@ def memory_stats(device: Any = None) -> "collections.OrderedDict[str, int]":
     if not torch.cuda.is_initialized():
         return collections.OrderedDict()
     stats = shim.stats(_existing(device))
-    stats.setdefault("num_oom_rejections", 0)  # torch 2.14's key; gpumem never rejects early
+    if torch.__version__ >= (2, 12):   # torch's key from 2.12 on; gpumem never rejects early
+        stats.setdefault("num_oom_rejections", 0)
+    else:
+        stats.pop("num_oom_rejections", None)
     return collections.OrderedDict(sorted(stats.items()))
 
 

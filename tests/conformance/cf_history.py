@@ -5,7 +5,8 @@ legacy form, metadata)."""
 
 import json
 
-from harness import blocks, empty, frame_names, recording, settle, torch_mod, trace
+from harness import (blocks, empty, frame_names, needs, recording, settle, since, torch_mod,
+                     trace)
 
 CONTEXTS = (None, "state", "alloc", "all")
 
@@ -213,6 +214,7 @@ def check_disabling_clears_the_history():
     del x
 
 
+@since("2.8", "_record_memory_history(clear_history=...)")
 def check_clear_history():
     torch = torch_mod()
     settle()
@@ -273,6 +275,7 @@ def check_legacy_form():
     del xs
 
 
+@needs("cuda.memory._memory_metadata_supported")
 def check_metadata_on_every_event():
     torch = torch_mod()
     assert torch.cuda.memory._memory_metadata_supported() is True

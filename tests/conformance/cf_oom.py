@@ -2,23 +2,40 @@
 before giving up (free its cache and retry), num_ooms, the OOM observers,
 the `oom` history event, and requests too large to try at all."""
 
+import functools
 import re
 
 from harness import (GiB, MiB, empty, raises, recording, settings, settle, sim_limit, stat,
-                     torch_mod, trace)
+                     torch_mod, torch_release, trace)
 
 MEMORY = "4GiB"
 
 SIZE = r"(?:\d+ bytes|\d+\.\d\d [KMG]iB)"
-MESSAGE = re.compile(
-    rf"^CUDA out of memory\. Tried to allocate (?P<want>{SIZE})\. GPU (?P<dev>\d+) has a total "
-    rf"capacity of (?P<total>{SIZE}) of which (?P<free>{SIZE}) is free\. (?P<proc>[^\n]*?)"
-    rf"(?P<allowed>{SIZE} allowed; )?Of the allocated memory (?P<alloc>{SIZE}) is allocated by "
-    rf"PyTorch, (?:with {SIZE} allocated in private pools \(e\.g\., CUDA Graphs\), )?and "
-    rf"(?P<unalloc>{SIZE}) is reserved by PyTorch but unallocated\. If reserved but unallocated "
-    r"memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
-    r"fragmentation\.  See documentation for Memory Management  \(https://docs\.pytorch\.org/"
-    r"docs/stable/notes/cuda\.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf\)$")
+
+
+def _hint() -> str:
+    """The end of torch's message, which names a variable and a page that
+    depend on the release (read in each one's libc10_cuda.so: 2.6.0, 2.10.0,
+    2.14.1; the releases between are assumed to follow the nearest)."""
+    release = torch_release()
+    var = "PYTORCH_ALLOC_CONF" if (2, 9) <= release < (2, 14) else "PYTORCH_CUDA_ALLOC_CONF"
+    docs = (r"https://docs\.pytorch\.org/docs/stable/notes/cuda\.html#optimizing-memory-usage-"
+            r"with-pytorch-cuda-alloc-conf" if release >= (2, 14) else
+            r"https://pytorch\.org/docs/stable/notes/cuda\.html#environment-variables")
+    return (rf"try setting {var}=expandable_segments:True to avoid fragmentation\.  See "
+            rf"documentation for Memory Management  \({docs}\)$")
+
+
+@functools.lru_cache(maxsize=None)
+def message() -> re.Pattern:
+    """torch's out-of-memory message on this release, as a pattern."""
+    return re.compile(
+        rf"^CUDA out of memory\. Tried to allocate (?P<want>{SIZE})\. GPU (?P<dev>\d+) has a "
+        rf"total capacity of (?P<total>{SIZE}) of which (?P<free>{SIZE}) is free\. "
+        rf"(?P<proc>[^\n]*?)(?P<allowed>{SIZE} allowed; )?Of the allocated memory "
+        rf"(?P<alloc>{SIZE}) is allocated by PyTorch, (?:with {SIZE} allocated in private pools "
+        rf"\(e\.g\., CUDA Graphs\), )?and (?P<unalloc>{SIZE}) is reserved by PyTorch but "
+        rf"unallocated\. If reserved but unallocated memory is large " + _hint())
 
 
 def _oom(nbytes: int):
@@ -34,7 +51,7 @@ def check_oom_type_and_message():
     del cached
     e = _oom(5 * GiB)
     assert isinstance(e, torch.cuda.OutOfMemoryError) and isinstance(e, RuntimeError)
-    m = MESSAGE.match(str(e))
+    m = message().match(str(e))
     assert m, str(e)
     assert (m["want"], m["dev"], m["total"]) == ("5.00 GiB", "0", "4.00 GiB")
     assert m["alloc"] == "1024.00 MiB"          # format_size's boundaries are inclusive
@@ -52,7 +69,7 @@ def check_oom_reports_the_segment_size():
                     (5 * MiB, "20.00 MiB"),     # under 10 MiB: a 20 MiB segment
                     (11 * MiB + 1, "12.00 MiB")):  # else rounded up to 2 MiB
         e = _oom(n)
-        m = MESSAGE.match(str(e))
+        m = message().match(str(e))
         assert m and m["want"] == want, str(e)
         assert m["free"] == "0 bytes"
     del keep

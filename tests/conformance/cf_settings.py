@@ -5,8 +5,8 @@ and the errors for bad strings."""
 
 import contextlib
 
-from harness import (MiB, differs, empty, fraction, gpumem, raises, set_settings, settings,
-                     settings_in_force, settle, stat, torch_mod)
+from harness import (MiB, differs, empty, fraction, gpumem, needs, raises, set_settings, settings,
+                     settings_error, settings_in_force, settle, since, stat, torch_mod)
 
 MEMORY = "8GiB"
 NBYTES = 84 * MiB      # 21 Mi floats: between 64 and 128 MiB
@@ -75,22 +75,26 @@ def check_release_lock_on_cudamalloc_is_accepted():
 
 def check_bad_strings_raise_value_error():
     torch = torch_mod()
-    setter = torch._C._accelerator_setAllocatorSettings
+    setter = set_settings
     for bad in ("foo:1,bar:2", "garbage_collection_threshold:1.2", "max_split_size_mb:2",
                 "release_lock_on_cudamalloc:none", "pinned_use_cuda_host_register:none",
                 "pinned_num_register_threads:none", "pinned_num_register_threads:1024",
                 "expandable_segments:1", "roundup_power2_divisions:3"):
         with settings(""):       # (the failed string is kept as the "last" one)
-            raises(ValueError, lambda: setter(bad))
+            raises(settings_error(), lambda: setter(bad))
+    unknown = ("Unrecognized key 'foo'" if settings_error() is ValueError
+               else "Unrecognized CachingAllocator option: foo")
     with settings(""):
-        raises(ValueError, lambda: setter("foo:1"), match="Unrecognized key 'foo'")
+        raises(settings_error(), lambda: setter("foo:1"), match=unknown)
 
 
+@since("2.9", "max_split_size_mb:20 (it needs more than 20)")
 def check_max_split_size_mb_20_is_accepted():
     with settings("max_split_size_mb:20"):
         pass
 
 
+@needs("_C._accelerator_getAllocatorSettings")
 def check_last_settings_string_reads_back():
     torch = torch_mod()
     with settings("max_split_size_mb:40"):

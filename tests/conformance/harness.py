@@ -22,6 +22,9 @@ both allocators.  Two decorators mark the exceptions:
                     check exercises that an older supported release lacks:
                     on a release without one the check is skipped, naming
                     it and the release; where they exist it runs unchanged.
+  @since(release, what)  a behaviour torch gained in `release` ("2.8") that
+                    no interface name shows (a keyword, a settings key):
+                    skipped on older releases, saying what they lack.
 
 A check restores what it changes (settings, fraction, recording), as
 PyTorch's own tests do; runner.py also turns recording off and empties the
@@ -76,8 +79,42 @@ def needs(*names: str) -> Callable:
     return mark
 
 
+def since(release: str, what: str) -> Callable:
+    """Mark a check of a behaviour torch gained in release ("2.8")."""
+    def mark(fn: Callable) -> Callable:
+        fn.since = (release, what)
+        return fn
+    return mark
+
+
+def torch_release() -> tuple[int, int]:
+    """(major, minor) of the torch imported."""
+    major, minor = torch_mod().__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def older_than(release: str, what: str) -> str | None:
+    """Why this torch lacks what (it is older than release), or None."""
+    want = tuple(int(p) for p in release.split("."))
+    if torch_release() < want:
+        return f"torch {torch_mod().__version__} has no {what} (since {release})"
+    return None
+
+
+def settings_error() -> type:
+    """What torch raises for a bad settings string: ValueError from its
+    device-generic parser (2.9 on, put there with it; read on 2.10.0 and
+    2.14.1), RuntimeError before (2.6.0)."""
+    return ValueError if torch_release() >= (2, 9) else RuntimeError
+
+
 def missing_interface(fn: Callable) -> str | None:
-    """Why fn cannot run on this torch (an interface it needs is absent), or None."""
+    """Why fn cannot run on this torch (an interface it needs is absent, or
+    it is older than the release a behaviour came in), or None."""
+    if getattr(fn, "since", None):
+        why = older_than(*fn.since)
+        if why:
+            return why
     names = getattr(fn, "needs", ())
     if not names:
         return None
@@ -162,9 +199,34 @@ def fraction(value: float, device: int = 0) -> Iterator[None]:
         torch.cuda.set_per_process_memory_fraction(orig, device)
 
 
+# The last settings string set through set_settings, on a release with no
+# getter for it (before torch 2.9); None until one is set.
+_last_settings: str | None = None
+
+
 def set_settings(text: str) -> None:
-    """torch.cuda.memory._set_allocator_settings, without its deprecation warning."""
-    torch_mod()._C._accelerator_setAllocatorSettings(text)
+    """torch.cuda.memory._set_allocator_settings, without its deprecation
+    warning (torch 2.9 on; before, it is that function, with no warning)."""
+    global _last_settings
+    torch = torch_mod()
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is not None:
+        setter(text)
+        return
+    torch.cuda.memory._set_allocator_settings(text)
+    _last_settings = text
+
+
+def last_settings() -> str:
+    """The last settings string in force: torch keeps it from 2.9 on; before,
+    the one set_settings last set, else PYTORCH_CUDA_ALLOC_CONF."""
+    torch = torch_mod()
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    if getter is not None:
+        return getter()
+    if _last_settings is not None:
+        return _last_settings
+    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 
 
 def settings_in_force() -> str:
@@ -176,7 +238,7 @@ def settings_in_force() -> str:
     expandable_segments.
     """
     torch = torch_mod()
-    last = torch._C._accelerator_getAllocatorSettings()
+    last = last_settings()
     if "expandable_segments" in last:
         return last
     on = torch.cuda.memory._snapshot()["allocator_settings"]["expandable_segments"]

@@ -1,6 +1,6 @@
 """Run one conformance group in this process and print its results as JSON.
 
-    python tests/conformance/runner.py GROUP MODE
+    python tests/conformance/runner.py GROUP MODE [VARIANT]
 
 started by test_conformance.py on the simulated GPU, once per group, variant
 and mode.  MODE "torch" leaves torch's own CUDA caching allocator in place;
@@ -55,13 +55,21 @@ def _tidy() -> None:
         pass
 
 
-def run(group: str, mode: str) -> dict:
+def run(group: str, mode: str, variant: str = "") -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
     os.environ["GPUMEM_CONFORMANCE_MODE"] = mode
     import harness
     harness.MODE = mode
     import torch  # noqa: F401  (before gpumem, as a user's script does)
+    module = importlib.import_module(group)
+    # A variant whose settings an older release lacks: every check skips,
+    # before install() or torch reads them.
+    gate = getattr(module, "VARIANT_SINCE", {}).get(variant)
+    lacking = harness.older_than(*gate) if gate else None
+    if lacking:
+        return {fn.__name__: {"status": "skip", "detail": lacking, "seconds": 0}
+                for fn in checks_of(module)}
     if mode == "gpumem":
         import warnings
         import gpumem
@@ -72,7 +80,6 @@ def run(group: str, mode: str) -> dict:
             except BaseException as e:  # kept for the checks to inspect
                 harness.INSTALL_ERROR = e
         harness.INSTALL_WARNINGS = [str(w.message) for w in caught]
-    module = importlib.import_module(group)
     results = {}
     for fn in checks_of(module):
         t0 = time.monotonic()
@@ -98,8 +105,9 @@ def run(group: str, mode: str) -> dict:
 
 def main() -> None:
     group, mode = sys.argv[1], sys.argv[2]
+    variant = sys.argv[3] if len(sys.argv) > 3 else ""
     try:
-        results = run(group, mode)
+        results = run(group, mode, variant)
     except BaseException as e:
         results = {"__run__": {"status": "fail", "detail": _detail(e), "seconds": 0}}
     sys.stdout.write("\n" + RESULTS_MARKER + json.dumps(results) + "\n")

@@ -20,7 +20,9 @@ show the behaviour, the mark must go.
 Group modules set, optionally: VARIANTS ({name: extra environment}, default
 one variant ""), MEMORY (the simulated device's size, default 80GiB),
 EVENTS (the simulator's event mode, default timeline), FAST (the variants
-in the fast tier; the others are marked slow), INSTALL_MAY_FAIL.
+in the fast tier; the others are marked slow), INSTALL_MAY_FAIL,
+VARIANT_SINCE ({variant: (release, what)}: the variant's settings need that
+torch release; on an older one its checks skip).
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def _run(group: str, variant: str, mode: str) -> dict:
     env = sim.sim_env(memory=getattr(mod, "MEMORY", "80GiB"), events=getattr(mod, "EVENTS", None),
                       base=env)
     env["PYTHONWARNINGS"] = "ignore::FutureWarning"
-    proc = subprocess.run([sys.executable, str(HERE / "runner.py"), group, mode],
+    proc = subprocess.run([sys.executable, str(HERE / "runner.py"), group, mode, variant],
                           capture_output=True, text=True, cwd=str(HERE), env=env, timeout=900)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(runner.RESULTS_MARKER):
