@@ -5,6 +5,7 @@ anything else, and never needed by gpumem._C itself."""
 from __future__ import annotations
 
 import json
+import importlib.metadata
 import shutil
 
 import pytest
@@ -20,7 +21,10 @@ def shim_copy(tmp_path):
     src = built_shim()
     dst = tmp_path / "cache"
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".gpumem-build.lock"))
-    [d] = [p for p in dst.iterdir() if p.name.startswith("shim-")]
+    # the cache may also hold shims of other torch releases (.ci/torch26 builds
+    # 2.6.0's into it): this interpreter's torch is the one under test
+    mine = f"shim-{importlib.metadata.version('torch')}"
+    [d] = [p for p in dst.iterdir() if p.name.split("+")[0].split("-cu")[0] == mine]
     return dst, d
 
 
