@@ -63,6 +63,7 @@ from typing import Any, Optional
 
 from gpumem.sim import torchrun as _launch, rank_report as _rank_report, outcome as _outcome
 from gpumem.sim import world as _world
+from gpumem._atomic import write_atomic
 from gpumem._format import format_bytes
 from gpumem._sampling import ENV_SAMPLE
 from gpumem.sim.child import ENV_CATEGORIES, ENV_ENTRIES, ENV_OUT, ENV_PARENT, ENV_STATS
@@ -614,11 +615,7 @@ def run(args: argparse.Namespace) -> int:
                 row["stands_for"] = world["stands_for"].get(row["rank"])
         if args.categories:
             report["equation"] = _equations(report["snapshots"])
-        try:
-            with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
-                json.dump(report, f, indent=2)
-        except OSError as e:
-            print(f"gpumem simulate: cannot write summary.json: {e.strerror}", file=sys.stderr)
+        write_report(os.path.join(out, "summary.json"), report, "gpumem simulate")
         if args.json:
             print(json.dumps(report, indent=2), flush=True)
         else:
@@ -632,6 +629,16 @@ def run(args: argparse.Namespace) -> int:
         if signalled:   # end as the signal would have ended us: the shell sees 128 + N
             signal.signal(signalled, signal.SIG_DFL)
             os.kill(os.getpid(), signalled)
+
+
+
+def write_report(path: str, report: dict, prog: str) -> None:
+    """A run's JSON report (summary.json, fit.json), written atomically; a
+    write that fails is one line on stderr, never the run's end."""
+    try:
+        write_atomic(path, lambda f: f.write(json.dumps(report, indent=2).encode("utf-8")))
+    except OSError as e:
+        print(f"{prog}: cannot write {os.path.basename(path)}: {e.strerror or e}", file=sys.stderr)
 
 
 STOP_GRACE = 10.0   # seconds the run has to write its snapshots after SIGTERM or SIGINT

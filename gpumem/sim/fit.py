@@ -40,7 +40,7 @@ from typing import Any, Optional
 from gpumem import sim
 from gpumem._format import format_bytes
 from gpumem.sim import boundary, gpus as sim_gpus, knob as sim_knob
-from gpumem.sim.command import default_out
+from gpumem.sim.command import default_out, write_report
 
 __all__ = ["HELP", "add_arguments", "run"]
 
@@ -327,11 +327,7 @@ def run(args: argparse.Namespace) -> int:
               "command": cmd, "out": out, "seconds": round(time.monotonic() - start, 2),
               "signal": signal.Signals(runner.signalled).name if runner.signalled else None,
               "searches": searches}
-    try:
-        with open(os.path.join(out, "fit.json"), "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
-    except OSError as e:
-        print(f"gpumem fit: cannot write fit.json: {e.strerror}", file=sys.stderr)
+    write_report(os.path.join(out, "fit.json"), report, "gpumem fit")
     if args.json:
         print(json.dumps(report, indent=2), flush=True)
     else:
