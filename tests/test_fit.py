@@ -279,7 +279,7 @@ def test_table_and_json_over_two_models(tmp_path, monkeypatch, capsys):
 
     def fake_probe(self, model, memory, value):
         seen.append((model.key, value))
-        need = value * GiB + (model["context_mib"] << 20)
+        need = value * GiB + model["context_memory"]
         return {"value": value, "fits": need <= memory, "peak_allocated": value * GiB,
                 "peak_reserved": value * GiB, "device_peak": need, "reason": "",
                 "error": None, "out": str(tmp_path), "seconds": 0.0}

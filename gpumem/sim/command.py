@@ -423,7 +423,7 @@ def _context_memory(env: dict, model: dict) -> int:
                 return sim.parse_size(env[var])
             except sim.SimError:
                 break
-    return model["context_mib"] << 20
+    return model["context_memory"]
 
 
 def _times(n: int) -> str:

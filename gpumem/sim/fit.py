@@ -216,7 +216,7 @@ def _models(args: argparse.Namespace) -> list[tuple[sim_gpus.GpuModel, int]]:
             memory = sim.parse_size(args.memory) if args.memory is not None else model["memory"]
         except sim.SimError as e:
             raise ValueError(f"--memory: {e}") from None
-        context = model["context_mib"] << 20
+        context = model["context_memory"]
         if memory <= context:
             raise ValueError(f"--memory {format_bytes(memory, whole_units=True)} leaves nothing "
                              f"beside the CUDA context of the simulated {model.key} "

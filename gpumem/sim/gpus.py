@@ -12,14 +12,17 @@ those of the model.
 
 Memory is the model's nominal capacity taken in GiB (80 GB -> 80 GiB); a
 real driver reports a little less (ECC and the driver's own reservations),
-and ``--memory`` overrides it.  The default model, H100-SXM-80GB, is what
+and ``--memory`` overrides it.  Where a real GPU of the model has been
+read (the H200: benchmarks/real_gpu_peaks.py, docs/benchmarks.md), its
+cuMemGetInfo total and context memory replace the nominal figure and the
+estimate.  The default model, H100-SXM-80GB, is what
 the fake driver reports when GPUMEM_SIM_GPU is not set.
 
 Bandwidths (``mem_bw_gbs``: device memory; ``pcie_gbs``: the host link, one
 direction) are the data sheets' figures; they set how long copies and
 memsets take on the simulator's device timeline.
 
-Context memory (``context_mib``): what the primary context holds once
+Context memory (``context_memory``, bytes): what the primary context holds once
 CUDA is initialised, which cudaMemGetInfo reports as used and no
 allocation can have.  NVIDIA publishes no figure; it is estimated as
 ``CONTEXT_BASE_MIB`` plus the local memory the driver reserves for the
@@ -63,8 +66,12 @@ def context_mib(sm: int, threads_per_sm: int) -> int:
 
 def _model(key: str, name: str, memory_gib: int, sm: int, cc: str, *, threads_per_sm: int,
            blocks_per_sm: int, smem_per_sm_kib: int, l2_mib: int, clock_mhz: int,
-           mem_clock_mhz: int, bus_bits: int, mem_bw_gbs: int, pcie_gbs: int) -> GpuModel:
-    return GpuModel(key=key, name=name, memory=memory_gib * GiB, sm=sm, cc=cc,
+           mem_clock_mhz: int, bus_bits: int, mem_bw_gbs: int, pcie_gbs: int,
+           measured_memory: int = 0, measured_context: int = 0) -> GpuModel:
+    """measured_memory / measured_context: bytes read on a real GPU of this
+    model (cuMemGetInfo's total; total minus free once CUDA initialised),
+    which replace the nominal capacity and the estimate."""
+    return GpuModel(key=key, name=name, memory=measured_memory or memory_gib * GiB, sm=sm, cc=cc,
                     threads_per_sm=threads_per_sm, blocks_per_sm=blocks_per_sm,
                     smem_per_sm=smem_per_sm_kib * 1024,
                     # the opt-in per-block limit is the SM's less 1 KiB the
@@ -73,7 +80,7 @@ def _model(key: str, name: str, memory_gib: int, sm: int, cc: str, *, threads_pe
                     l2=l2_mib << 20, regs_per_sm=65536, clock_khz=clock_mhz * 1000,
                     mem_clock_khz=mem_clock_mhz * 1000, bus_bits=bus_bits,
                     mem_bw_gbs=mem_bw_gbs, pcie_gbs=pcie_gbs,
-                    context_mib=context_mib(sm, threads_per_sm))
+                    context_memory=measured_context or context_mib(sm, threads_per_sm) << 20)
 
 
 # Per compute capability (CUDA C++ Programming Guide, "Technical
@@ -92,9 +99,12 @@ MODELS: Dict[str, GpuModel] = {m.key: m for m in (
     _model("H100-PCIe-80GB", "NVIDIA H100 PCIe", 80, 114, "9.0", l2_mib=50,
            clock_mhz=1755, mem_clock_mhz=1593, bus_bits=5120, mem_bw_gbs=2000, pcie_gbs=64,
            **_H),
-    _model("H200-141GB", "NVIDIA H200", 141, 132, "9.0", l2_mib=50,
+    # Measured on one H200 (driver 580.159.04, torch 2.11.0+cu130): cuMemGetInfo
+    # total 150,109,880,320 B (139.80 GiB), 552,402,944 B used once CUDA
+    # initialised, L2 60 MiB (torch's L2_cache_size).
+    _model("H200-141GB", "NVIDIA H200", 141, 132, "9.0", l2_mib=60,
            clock_mhz=1980, mem_clock_mhz=3201, bus_bits=6144, mem_bw_gbs=4800, pcie_gbs=64,
-           **_H),
+           measured_memory=150_109_880_320, measured_context=552_402_944, **_H),
     _model("A100-SXM-80GB", "NVIDIA A100-SXM4-80GB", 80, 108, "8.0", l2_mib=40,
            clock_mhz=1410, mem_clock_mhz=1593, bus_bits=5120, mem_bw_gbs=2039, pcie_gbs=32,
            **_A),
@@ -116,7 +126,7 @@ DEFAULT = "H100-SXM-80GB"
 
 _SPEC_KEYS = ("name", "sm", "cc", "threads_per_sm", "blocks_per_sm", "smem_per_sm",
               "smem_per_block_optin", "l2", "regs_per_sm", "clock_khz", "mem_clock_khz",
-              "bus_bits", "mem_bw_gbs", "pcie_gbs", "context_mib")
+              "bus_bits", "mem_bw_gbs", "pcie_gbs")
 
 
 def _fold(text: str) -> str:
@@ -140,11 +150,12 @@ def lookup(name: str) -> GpuModel:
 
 def spec(model: GpuModel) -> str:
     """The GPUMEM_SIM_GPU value the fake driver reads for ``model``."""
-    return ";".join(f"{k}={model[k]}" for k in _SPEC_KEYS)
+    return ";".join([f"{k}={model[k]}" for k in _SPEC_KEYS]
+                    + [f"context_kib={model['context_memory'] >> 10}"])
 
 
 def describe(model: GpuModel) -> Dict[str, Any]:
     """What a report shows of the model."""
     return {"model": model.key, "name": model["name"], "sm_count": model["sm"],
             "compute_capability": model["cc"], "memory": model["memory"],
-            "context_memory": model["context_mib"] << 20}
+            "context_memory": model["context_memory"]}

@@ -311,7 +311,9 @@ int fc_load_config_unlocked(void)
     fc.ndev = ndev;
     fc.memory = memory;
     /* GPUMEM_SIM_CONTEXT_MEMORY overrides the model's figure */
-    fc.context_memory = context_set ? context_memory : (size_t)gpu.context_mib << 20;
+    fc.context_memory = context_set ? context_memory
+                      : gpu.context_kib ? (size_t)gpu.context_kib << 10
+                                        : (size_t)gpu.context_mib << 20;
     fc.gpu = gpu;
     fc.granularity = gran;
     fc.fail_above = fail_above;

@@ -15,7 +15,8 @@
  * mem_bw_gbs and pcie_gbs set the speed of copies and memsets on the device
  * timeline (Note [Device timeline]); context_mib the device memory the
  * primary context holds (Note [Context memory]; GPUMEM_SIM_CONTEXT_MEMORY
- * overrides it).
+ * overrides it), or context_kib, the same in KiB, for a figure measured on
+ * a real GPU (it wins over context_mib).
  *
  * Keys not given keep the H100's value; an unknown key or a bad number
  * makes cuInit fail (with one line on stderr), as every other bad
@@ -105,6 +106,7 @@ int fc_gpu_parse(const char *spec, fc_gpu_t *g, char *err, size_t errlen)
         {"mem_bw_gbs", offsetof(fc_gpu_t, mem_bw_gbs)},
         {"pcie_gbs", offsetof(fc_gpu_t, pcie_gbs)},
         {"context_mib", offsetof(fc_gpu_t, context_mib)},
+        {"context_kib", offsetof(fc_gpu_t, context_kib)},
     };
     fc_gpu_default(g);
     const char *p = spec;

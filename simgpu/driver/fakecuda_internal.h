@@ -244,6 +244,7 @@ typedef struct {
     int clock_khz, mem_clock_khz, bus_bits;
     int mem_bw_gbs, pcie_gbs;   /* memory and host-link bandwidth, GB/s (one way) */
     int context_mib;            /* what an active primary context holds; 0: none */
+    int context_kib;            /* the same in KiB (a measured figure); wins over context_mib */
 } fc_gpu_t;
 
 /* timeline (the default) first, so that a zeroed state means it */

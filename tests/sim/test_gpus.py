@@ -43,7 +43,9 @@ def test_lookup_ignores_case_and_separators():
 def test_every_preset_names_a_distinct_device():
     assert len({m["name"] for m in sim_gpus.MODELS.values()}) == len(sim_gpus.MODELS)
     for m in sim_gpus.MODELS.values():
-        assert m["smem_per_block_optin"] < m["smem_per_sm"] and m["memory"] % (1 << 30) == 0
+        assert m["smem_per_block_optin"] < m["smem_per_sm"]
+        # nominal capacities are whole GiB; the H200's is a real one's reading
+        assert (m["memory"] % (1 << 30) == 0) != (m.key == "H200-141GB")
     assert sim_gpus.MODELS["H100-SXM-80GB"]["sm"] == 132
     assert sim_gpus.MODELS["H100-SXM-80GB"]["memory"] == 80 << 30
 
@@ -86,6 +88,22 @@ def test_the_reduction_staging_buffer_follows_the_model():
         assert staging in sizes[key], (key, staging, sizes[key])
     assert sizes["H100-SXM-80GB"] != sizes["L4"] != sizes["A100-SXM-80GB"]
     assert 2112 in sizes["H100-SXM-80GB"] and 696 in sizes["L4"]
+
+
+@pytest.mark.slow
+@needs_torch
+def test_the_h200_preset_answers_what_a_real_h200_answered():
+    """One H200 (driver 580.159.04, torch 2.11.0+cu130; docs/benchmarks.md,
+    "On a GPU") gave these figures once CUDA initialised; the simulator
+    with --gpu H200-141GB and no --memory gives the same, on any torch."""
+    out = run_sim(textwrap.dedent('''
+        import json, torch
+        torch.cuda.init()
+        free, total = torch.cuda.mem_get_info()
+        p = torch.cuda.get_device_properties(0)
+        print(json.dumps([free, total, p.total_memory, p.L2_cache_size, p.name]))
+    '''), memory=None, gpu="H200-141GB")
+    assert out == [149_557_477_376, 150_109_880_320, 150_109_880_320, 60 << 20, "NVIDIA H200"]
 
 
 @needs_torch

@@ -105,7 +105,8 @@ def test_context_memory_sets_where_memory_runs_out(install):
 
 
 @pytest.mark.parametrize("env,context", [
-    ({"GPUMEM_SIM_GPU": "context_mib=338"}, 338 * MiB),   # what --gpu L4 sets
+    ({"GPUMEM_SIM_GPU": "context_mib=338"}, 338 * MiB),   # a figure in MiB
+    ({"GPUMEM_SIM_GPU": "context_mib=338;context_kib=539456"}, 539456 << 10),  # KiB wins (--gpu's)
     ({"GPUMEM_SIM_CONTEXT_MEMORY": "0"}, 0),               # the override
 ])
 def test_context_memory_follows_the_model_and_the_override(env, context):
