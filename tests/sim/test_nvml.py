@@ -25,7 +25,6 @@ pytestmark = needs_cc
 
 PRELUDE = r'''
 import ctypes as C, os
-rt = C.CDLL("libcudart.so.13")
 cu = C.CDLL("libcuda.so.1")
 nv = C.CDLL("libnvidia-ml.so.1")
 cu.fakecuda_query.restype = C.c_longlong
@@ -58,10 +57,11 @@ def test_processes_error_codes_sizes_and_layouts():
         nv.nvmlInit_v2()
         h0, h1 = handle(0), handle(1)
         o["idle"] = procs(get, h0, 0, infos=False)[:2]          # no context yet: none running
-        p = C.c_void_p()
-        assert rt.cudaMalloc(C.byref(p), C.c_size_t(3 << 20)) == 0   # device 0: context + 3 MiB
+        ctx, p = C.c_void_p(), C.c_ulonglong()           # device 0: context + 3 MiB
+        assert cu.cuDevicePrimaryCtxRetain(C.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+        assert cu.cuMemAlloc_v2(C.byref(p), C.c_size_t(3 << 20)) == 0
         free, total = C.c_size_t(), C.c_size_t()
-        rt.cudaMemGetInfo(C.byref(free), C.byref(total))
+        assert cu.cuMemGetInfo_v2(C.byref(free), C.byref(total)) == 0
         o["driver_used"] = [total.value - free.value, cu.fakecuda_query(b"bytes_used", 0)]
         o["count"] = procs(get, h0, 0, infos=False)[:2]         # *infoCount = 0 asks the count
         o["null_infos"] = procs(get, h0, 4, infos=False)[:2]
