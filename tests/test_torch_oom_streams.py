@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow  # left out of the fast tier (see pyproject.toml)
 OOM_RE = re.compile(
     r"^CUDA out of memory\. Tried to allocate (?P<want>[\d.]+ [KMG]iB)\. GPU 0 has a total "
     r"capacity of (?P<total>[\d.]+ [KMG]iB) of which (?P<free>[\d.]+ [KMG]iB|\d+ bytes) is free\. "
-    r"(?P<allowed>[\d.]+ [KMG]iB allowed; )?Of the allocated memory (?P<alloc>[\d.]+ [KMG]iB|\d+ "
+    r"(?P<proc>(?:(?:Including non-PyTorch memory, this process|Process \d+) has (?:[\d.]+ "
+    r"[KMG]iB|\d+ bytes) memory in use\. )*)(?P<allowed>[\d.]+ [KMG]iB allowed; )?Of the allocated memory (?P<alloc>[\d.]+ [KMG]iB|\d+ "
     r"bytes) is allocated by PyTorch, and (?P<unalloc>[\d.]+ [KMG]iB|\d+ bytes) is reserved by "
     r"PyTorch but unallocated\. If reserved but unallocated memory is large try setting "
     r"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation\.  See "
@@ -67,6 +68,8 @@ def test_oom_raises_torch_oom_and_allocator_recovers():
     assert m, first["msg"]
     assert m["want"] == "5.00 GiB" and m["total"] == "4.00 GiB" and m["allowed"] is None
     assert m["alloc"] == "1024.00 MiB"  # c10 format_size: boundaries are inclusive
+    # NVML's sentence: this process holds the 1 GiB and its context
+    assert m["proc"].startswith("Including non-PyTorch memory, this process has 1."), first["msg"]
     # gpumem released its 300 MiB cache and retried before giving up
     assert m["unalloc"] == "0 bytes", first["msg"]
     assert o["after_ok"] and o["small_ok"]

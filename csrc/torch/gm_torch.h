@@ -246,7 +246,10 @@ void set_compile_contexts(bool enabled);
 /* (name, start?, device, time_us) of each range event so far. */
 std::vector<std::tuple<std::string, bool, int, int64_t>> annotations();
 
-/* ---- out of memory (gm_torch_oom.cpp) ---- */
+/* ---- out of memory (gm_torch_oom.cpp, gm_torch_nvml.cpp) ---- */
+/* The sentences NVML gives for the processes on `device` (Note [Process
+ * lines from NVML]), "" without NVML. No core lock held; never throws. */
+std::string process_memory_report(int device);
 /* torch's out-of-memory text for what the core reported. */
 std::string oom_message(int device, const gm_oom_info_t& oom);
 /* The hook, the observers, then c10::OutOfMemoryError. No core lock held. */

@@ -69,6 +69,11 @@
 #define GM_TORCH_OOM_HINT_GENERIC_VAR (GM_TORCH_AT_LEAST(2, 9) && !GM_TORCH_AT_LEAST(2, 14))
 #define GM_TORCH_OOM_HINT_NEW_DOCS GM_TORCH_AT_LEAST(2, 14)
 
+/* A failing NVML call leaves the OOM message's process sentences out with
+ * a warning (2.14.1's libc10_cuda.so); 2.6.0 to 2.12.1 assert instead.
+ * Note [Process lines from NVML] in gm_torch_nvml.cpp. */
+#define GM_TORCH_OOM_NVML_WARNS GM_TORCH_AT_LEAST(2, 14)
+
 /* attachOomRejectionObserver and DeviceStats::num_oom_rejections. */
 #define GM_TORCH_OOM_REJECTION GM_TORCH_AT_LEAST(2, 12)
 

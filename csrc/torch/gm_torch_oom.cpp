@@ -9,8 +9,8 @@
  * variable, and scripts and tools parse this text. "<limit> allowed; " is
  * there exactly when a memory fraction below 1 is in force (even one of 0
  * bytes). Free blocks cached in private pools count as "allocated in
- * private pools", as torch counts them. The NVML process lines torch may
- * add are not (gpumem does not query NVML).
+ * private pools", as torch counts them. The process sentences after "is
+ * free. " come from NVML, as torch's do (gm_torch_nvml.cpp).
  * Must not: be called with a core lock held.
  */
 #include "gm_torch.h"
@@ -47,7 +47,7 @@ std::string oom_message(int device, const gm_oom_info_t& oom) {
   std::string msg = "CUDA out of memory. Tried to allocate " + size_text(oom.alloc_size) +
                     ". GPU " + std::to_string(device) + " has a total capacity of " +
                     size_text(oom.device_total) + " of which " + size_text(oom.device_free) +
-                    " is free. ";
+                    " is free. " + process_memory_report(device);
   if (oom.has_limit)
     msg += size_text(oom.allowed) + " allowed; ";
   /* torch counts the free blocks cached in private pools as allocated */

@@ -45,9 +45,10 @@ __all__ = ["ShimBuildError", "MODULE_NAME", "SUPPORTED_TORCH", "check_torch_rele
 MODULE_NAME = "gpumem_torch_shim"
 _INFO_FILE = MODULE_NAME + ".json"
 #: Bumped when the build recipe below changes in a way the sources do not show.
-_RECIPE = 2
+_RECIPE = 3
 _SOURCES = ("torch/gm_torch.h", "torch/gm_torch_compat.h", "torch/gm_torch_alloc.cpp", "torch/gm_torch_config.cpp",
-            "torch/gm_torch_history.cpp", "torch/gm_torch_module.cpp", "torch/gm_torch_oom.cpp",
+            "torch/gm_torch_history.cpp", "torch/gm_torch_module.cpp", "torch/gm_torch_nvml.cpp",
+            "torch/gm_torch_oom.cpp",
             "torch/gm_torch_pools.cpp", "torch/gm_torch_snapshot.cpp", "torch/gm_torch_stats.cpp")
 _HEADERS = ("python/core_api.h", "history/hist.h", "core/gm_alloc.h", "base/errors.h", "base/format.h",
             "device/backend.h")
@@ -289,7 +290,7 @@ def _compile(d: Path, info: dict[str, Any], verbose: bool):
                           # ninja runs the command through sh: quote for it.
                           "-DGM_TORCH_VERSION='\"" + torch.__version__.replace("'", "") + "\"'"],
             extra_include_paths=[_cuda_include()],
-            extra_ldflags=[f"-L{lib_dir}", "-ltorch_cuda", "-lc10_cuda"],
+            extra_ldflags=[f"-L{lib_dir}", "-ltorch_cuda", "-lc10_cuda", "-ldl"],
             build_directory=str(d),
             with_cuda=False,
             verbose=verbose,

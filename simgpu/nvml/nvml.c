@@ -15,8 +15,9 @@
  * Answers: device count, handles (by index, PCI bus id, UUID), name, UUID
  * ("GPU-" + the fake driver's UUID), memory (the fake driver's capacity and
  * use), compute capability, P2P "OK", no NVLink, fabric state
- * NOT_SUPPORTED, no running processes listed. Everything comes from the
- * fake libcuda.so.1, linked with RUNPATH $ORIGIN.
+ * NOT_SUPPORTED, and the compute processes on a device: this process alone
+ * (Note [Running processes]). Everything comes from the fake libcuda.so.1,
+ * linked with RUNPATH $ORIGIN.
  */
 #include "nvml_api.h"
 
@@ -33,6 +34,7 @@
 
 /* Exported by the fake libcuda.so.1. */
 int fakecuda_device_memory(int device, size_t *total, size_t *used);
+long long fakecuda_query(const char *key, int device);
 
 struct nvmlDevice_st {
     int index;
@@ -350,40 +352,100 @@ SIM_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int
     return NVML_SUCCESS;
 }
 
-/* No process is listed (the entry layouts differ between the _v1/_v2/_v3
- * ABIs, and PyTorch resolves the plain name): an out-of-memory message
- * then carries no per-process lines, as with partial NVML support. */
-static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *infoCount)
+/* Note [Running processes]
+ *
+ * Rationale: PyTorch's out-of-memory message lists the processes NVML sees
+ * on the device ("Including non-PyTorch memory, this process has X memory
+ * in use. ", "Process PID has X memory in use. "), resolving the plain
+ * nvmlDeviceGetComputeRunningProcesses, whose entries have the v1 layout
+ * (nvml.h declares it so under NVML_NO_UNVERSIONED_FUNC_DEFS, as PyTorch
+ * compiles). The message should read as on a GPU.
+ *
+ * Approach: a simulated device is used by one process, this one: it is
+ * listed while it holds device memory or an active primary context, with
+ * the driver's accounting as usedGpuMemory (context + cuMemAlloc +
+ * cuMemCreate: what cuMemGetInfo's total - free shows), as the real driver
+ * counts all of a process's memory. The plain name fills v1 entries
+ * (pid, usedGpuMemory: 16 bytes), _v2 and _v3 fill v2 entries (24 bytes,
+ * GPU and compute instance 0xFFFFFFFF: no MIG). Errors as nvml.h documents
+ * them: UNINITIALIZED before nvmlInit, INVALID_ARGUMENT for a bad handle,
+ * a NULL count, or NULL infos with room for entries; INSUFFICIENT_SIZE with
+ * the count needed when *infoCount is too small (so *infoCount = 0 asks
+ * for the count; SUCCESS and 0 when nothing runs).
+ * GPUMEM_SIM_NVML_PROCESSES=unsupported answers NOT_SUPPORTED instead, as
+ * NVML does on platforms with partial support (Tegra/Jetson).
+ *
+ * Limitations: other processes (each rank simulates its own devices) are
+ * never listed, so no "Process PID has ..." sentence appears; pids are
+ * this process's own, never a host's pid namespace's.
+ */
+static int processes_unsupported(void)
+{
+    const char *v = getenv("GPUMEM_SIM_NVML_PROCESSES");
+    return v && strcmp(v, "unsupported") == 0;
+}
+
+enum { PROC_V1 = 1, PROC_V2 = 2 };
+
+static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *infoCount, void *infos, int layout)
 {
     int d = dev_of(device);
-    if (d < 0 || !infoCount)
-        return d < 0 && !ready() ? NVML_ERROR_UNINITIALIZED : NVML_ERROR_INVALID_ARGUMENT;
-    *infoCount = 0;
+    if (d < 0)
+        return ready() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    if (!infoCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (processes_unsupported())
+        return NVML_ERROR_NOT_SUPPORTED;
+    long long used = fakecuda_query("bytes_used", d);
+    long long ctx = fakecuda_query("primary_ctx_refcount", d);
+    if (used < 0 || ctx < 0)
+        return NVML_ERROR_UNKNOWN;
+    unsigned int n = (used > 0 || ctx > 0) ? 1 : 0;
+    if (*infoCount < n) {
+        *infoCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n && !infos)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *infoCount = n;
+    if (!n)
+        return NVML_SUCCESS;
+    if (layout == PROC_V1) {
+        nvmlProcessInfo_v1_t *p = infos;
+        memset(p, 0, sizeof *p);
+        p->pid = (unsigned int)getpid();
+        p->usedGpuMemory = (unsigned long long)used;
+    } else {
+        nvmlProcessInfo_v2_t *p = infos;
+        memset(p, 0, sizeof *p);
+        p->pid = (unsigned int)getpid();
+        p->usedGpuMemory = (unsigned long long)used;
+        p->gpuInstanceId = p->computeInstanceId = 0xFFFFFFFFu;
+    }
     return NVML_SUCCESS;
 }
 
 SIM_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
-                                                          void *infos)
+                                                          nvmlProcessInfo_v1_t *infos)
 {
     SIM_ENTRY("nvmlDeviceGetComputeRunningProcesses");
-    (void)infos;
-    return processes(device, infoCount);
+    return processes(device, infoCount, infos, PROC_V1);
 }
 
 SIM_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
-                                                             unsigned int *infoCount, void *infos)
+                                                             unsigned int *infoCount,
+                                                             nvmlProcessInfo_v2_t *infos)
 {
     SIM_ENTRY("nvmlDeviceGetComputeRunningProcesses_v2");
-    (void)infos;
-    return processes(device, infoCount);
+    return processes(device, infoCount, infos, PROC_V2);
 }
 
 SIM_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                             unsigned int *infoCount, void *infos)
+                                                             unsigned int *infoCount,
+                                                             nvmlProcessInfo_v2_t *infos)
 {
     SIM_ENTRY("nvmlDeviceGetComputeRunningProcesses_v3");
-    (void)infos;
-    return processes(device, infoCount);
+    return processes(device, infoCount, infos, PROC_V2);
 }
 
 SIM_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, int p2pIndex,

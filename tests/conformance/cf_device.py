@@ -36,3 +36,15 @@ def check_oom_message_counts_the_context_out():
     settle()
     e = raises(torch.OutOfMemoryError, lambda: empty(4 * GiB - 200 * MiB))
     assert "of which 3.71 GiB is free" in str(e), str(e)
+
+
+def check_oom_message_counts_the_context_in_this_process():
+    # NVML's figure for this process is the context and the allocator's
+    # segments (1 GiB + 300 MiB): the same under either allocator
+    torch = torch_mod()
+    settle()
+    keep = empty(GiB)
+    e = raises(torch.OutOfMemoryError, lambda: empty(4 * GiB))
+    assert ("is free. Including non-PyTorch memory, this process has 1.29 GiB memory in use. "
+            "Of the allocated memory 1024.00 MiB is allocated by PyTorch") in str(e), str(e)
+    del keep

@@ -5,8 +5,8 @@ the `oom` history event, and requests too large to try at all."""
 import functools
 import re
 
-from harness import (GiB, MiB, empty, raises, recording, settings, settle, sim_limit, stat,
-                     torch_mod, torch_release, trace)
+from harness import (GiB, MiB, empty, format_size, raises, recording, settings, settle,
+                     sim_limit, stat, this_process_uses, torch_mod, torch_release, trace)
 
 MEMORY = "4GiB"
 
@@ -56,6 +56,24 @@ def check_oom_type_and_message():
     assert (m["want"], m["dev"], m["total"]) == ("5.00 GiB", "0", "4.00 GiB")
     assert m["alloc"] == "1024.00 MiB"          # format_size's boundaries are inclusive
     assert m["unalloc"] == "0 bytes"            # the cache was freed before giving up
+    assert m["allowed"] is None
+    del keep
+
+
+def check_oom_message_names_this_process():
+    # NVML's sentence for this process (the simulator's NVML lists it alone):
+    # its whole device memory, the driver's count (the context, every
+    # segment), which is total - free at the error, and no more than that
+    torch = torch_mod()
+    settle()
+    keep = empty(GiB)
+    e = _oom(5 * GiB)
+    free, total = torch.cuda.mem_get_info()
+    m = message().match(str(e))
+    assert m, str(e)
+    assert m["free"] == format_size(free), str(e)
+    assert m["proc"] == this_process_uses(total - free), str(e)
+    assert total - free >= torch.cuda.memory_reserved() >= GiB
     assert m["allowed"] is None
     del keep
 

@@ -280,3 +280,18 @@ def frame_names(frames: list) -> list[str]:
 
 def trace(snapshot: dict, device: int = 0) -> list[dict]:
     return snapshot["device_traces"][device]
+
+
+def format_size(nbytes: int) -> str:
+    """A size as torch's messages print it (c10's format_size: each unit up
+    to and including 1024 of the one below)."""
+    for limit, unit in ((1 << 10, None), (1 << 20, "KiB"), (1 << 30, "MiB")):
+        if nbytes <= limit:
+            return f"{nbytes} bytes" if unit is None else f"{nbytes / (limit >> 10):.2f} {unit}"
+    return f"{nbytes / GiB:.2f} GiB"
+
+
+def this_process_uses(nbytes: int) -> str:
+    """The OOM message's sentence for this process's own device memory, as
+    NVML reports it (the simulator's NVML lists this process alone)."""
+    return f"Including non-PyTorch memory, this process has {format_size(nbytes)} memory in use. "

@@ -348,7 +348,7 @@ def test_nvml_describes_the_simulated_devices():
         fabric = (C.c_ubyte * 36)()
         C.c_uint.from_buffer(fabric).value = 36 | (2 << 24)
         o["fabric"] = [nv.nvmlDeviceGetGpuFabricInfoV(h, fabric), fabric[28]]
-        cnt = C.c_uint(5)
+        cnt = C.c_uint(0)
         o["procs"] = [nv.nvmlDeviceGetComputeRunningProcesses(h, C.byref(cnt), None), cnt.value]
         o["nvlink"] = nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, 0, C.byref(C.c_int()))
         o["strings"] = nv.nvmlErrorString(3).decode()
@@ -364,6 +364,6 @@ def test_nvml_describes_the_simulated_devices():
     used = (3 << 20) + (514 << 20)  # 3 MiB allocated, and the H100's context
     assert out["memory"] == [1 << 30, (1 << 30) - used, used]  # total, free, used
     assert out["fabric"] == [0, 0]  # success, state NOT_SUPPORTED
-    assert out["procs"] == [0, 0]
+    assert out["procs"] == [7, 1]  # INSUFFICIENT_SIZE: this process, with a context on device 1
     assert out["nvlink"] == 3 and out["strings"] == "Not Supported"
     assert out["shutdown"] == [0, 0, 1]  # reference counted
