@@ -10,8 +10,9 @@ differently on 4 ranks; and TP_TRAIN, tensor parallel alone and FSDP2 x TP
 on a 2-D DeviceMesh, whose uneven split gives ranks different shapes;
 and PAR_TRAIN, the parallelisms torchtitan configures on a small
 Llama-like model: HSDP, tensor parallel with sequence parallel, context
-parallel (ring attention over SDPA), FSDP2 x CP on a 2-D DeviceMesh
-(FSDP over dp only, where torchtitan shards over dp and cp flattened), and
+parallel (ring attention over SDPA), FSDP2 x CP and CP x TP (with
+sequence parallel) on 2-D DeviceMeshes (FSDP over dp only, where
+torchtitan shards over dp and cp flattened), and
 pipeline parallel, which the simulator refuses with one line (Note [Objects
 from peers] in gpumem/sim/world_rank.py).
 Each run takes 5 to 45 s on 2 busy cores: slow tier.
@@ -103,7 +104,7 @@ time.sleep(0.05)
 
 # torchtitan's parallelisms on a small Llama-like model (embedding, blocks of
 # norm, attention over SDPA and an MLP, norm, head), laid out as torchtitan's
-# parallelize functions lay them out: hsdp, sp, cp, fsdp_cp, pp (sys.argv[1]).
+# parallelize functions lay them out: hsdp, sp, cp, fsdp_cp, tp_cp, pp (sys.argv[1]).
 PAR_TRAIN = r'''
 import json, os, sys, time
 import torch
@@ -119,7 +120,7 @@ dist.init_process_group("nccl")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 D = 64
-V = 96 if mode == "sp" else 95   # 95 rows: FSDP pads the last shard
+V = 96 if mode in ("sp", "tp_cp") else 95   # 95 rows: FSDP pads the last shard
 
 
 class Block(nn.Module):
@@ -167,19 +168,23 @@ if mode == "hsdp":
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-elif mode == "sp":
+elif mode in ("sp", "tp_cp"):   # tp_cp: 2 x (world // 2), CP over cp, TP with SP over tp
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
-    mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("tp",))
+    if mode == "sp":
+        tp = init_device_mesh("cuda", (world,), mesh_dim_names=("tp",))
+    else:
+        mesh2 = init_device_mesh("cuda", (2, world // 2), mesh_dim_names=("cp", "tp"))
+        tp, mesh = mesh2["tp"], mesh2["cp"]
     with torch.device("cuda"):
         model = Net()
-    parallelize_module(model, mesh, {
+    parallelize_module(model, tp, {
         "emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
         "out": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
     for layer in model.layers:
-        parallelize_module(layer, mesh, {
+        parallelize_module(layer, tp, {
             "norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
             "wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(),
             "wo": RowwiseParallel(output_layouts=Shard(1)),
@@ -300,7 +305,7 @@ def peaks(cwd: Path, ranks: list) -> dict:
 @pytest.mark.parametrize("mode, world", [("fsdp", 2), ("fsdp", 4), ("ddp", 2), ("ddp", 4),
                                          ("tp", 2), ("tp", 4), ("fsdp_tp", 4), ("hsdp", 4),
                                          ("sp", 2), ("sp", 4), ("cp", 2), ("cp", 4),
-                                         ("fsdp_cp", 4)])
+                                         ("fsdp_cp", 4), ("tp_cp", 4)])
 @pytest.mark.parametrize("how", ["torch", "simulate"])
 def test_started_ranks_peak_as_in_the_full_run(tmp_path, mode, world, how):
     ranks = SUBSETS[world]
