@@ -53,7 +53,8 @@ The launcher's modules, bottom to top:
   boundary     gpumem fit's search: N fits, N + 1 does not
   __init__     this module: the environment and the launcher, run_snippet
   torchrun     --nproc-per-node: the elastic launcher's command, the device count
-  world_rank   --ranks: what runs in a started rank (the stand-in store, then the script)
+  world_rank   --ranks: what runs in a started rank (the stand-in store, then the script);
+               recv_object_list refused in every rank of a run
   world        --nnodes/--ranks: start only some ranks of a job, which rank stands for which
   rank_report  the per-rank lines of gpumem simulate's report
   child        what runs inside each Python process of a gpumem simulate run

@@ -144,6 +144,11 @@ def _activate() -> None:
             return
         atexit.register(_report_unrecorded, f"{type(e).__name__}: {e}")
         return
+    try:
+        from gpumem.sim.world_rank import refuse_peer_objects
+        refuse_peer_objects()   # Note [Objects from peers] (gpumem/sim/world_rank.py)
+    except Exception:   # no torch.distributed in this build: nothing to refuse
+        pass
     from gpumem.recording.recorder import current_rank
     _write_stats({"pid": os.getpid(), "argv": sys.argv[:8], "rank": current_rank(),
                   "incomplete": True})

@@ -24,9 +24,12 @@ Approach: with a user's list each started rank stands for itself ("user
   FSDP2 pads every shard to the same size; so rank 0 stands for ranks 0 to
   W-2 and the last rank for itself.
 Limitations: auto does not read the script's device mesh: tensor-parallel
-  groups that split unevenly elsewhere than at the last rank, and pipeline
-  stages (which differ by stage), are not told apart; list the ranks of
-  each stage yourself for those.
+  groups that split unevenly elsewhere than at the last rank, context-
+  parallel ranks (whose peaks differ by their place in the ring: 4 ranks of
+  tests/sim/test_world_exact.py's cp job peak at four different figures)
+  and pipeline stages (which differ by stage, and cannot run yet: Note
+  [Objects from peers] in gpumem/sim/world_rank.py) are not told apart;
+  list the ranks of each stage yourself for those.
 """
 
 from __future__ import annotations

@@ -35,6 +35,24 @@ Limitations: a script that reads values other ranks publish in the store
   to init_process_group(store=...) is used as given and waits for its
   peers; gloo, MPI and UCC connect to their peers and cannot run with ranks
   absent (creating such a group ends the rank with one line, status 2).
+
+Note [Objects from peers]
+Rationale: torch.distributed.recv_object_list receives a size and then
+  pickled bytes that only the sending rank holds; the fake NCCL moves no
+  data between ranks (simgpu/nccl/nccl_coll.c, Note [NCCL data]), in full
+  runs as with ranks absent, so the receiver unpickles whatever its buffer
+  held and fails with an unpickling error far from the cause.  torch 2.14's
+  pipelining (PipelineStage and its schedules) takes this path: its stages
+  vote with send/recv on whether the shapes the user gave suffice, the
+  received vote reads 0, and the stages then exchange their shapes with
+  recv_object_list.
+Approach: under gpumem simulate (every process of the run, gpumem/sim/
+  child.py) and in every started rank here, recv_object_list writes one line
+  saying so and ends the process with status 2.
+Limitations: python -m gpumem.sim with torch's allocator runs no code in
+  the ranks, so there the unpickling error stays; broadcast_object_list and
+  scatter_object_list on a rank other than the source get meaningless bytes
+  in the same way and are not refused.
 """
 
 from __future__ import annotations
@@ -45,10 +63,15 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["NCCL_UNIQUE_ID_BYTES", "ENV_WORLD", "install", "main"]
+__all__ = ["NCCL_UNIQUE_ID_BYTES", "ENV_WORLD", "PEER_OBJECTS", "refuse_peer_objects", "install",
+           "main"]
 
 NCCL_UNIQUE_ID_BYTES = 128      # sizeof(ncclUniqueId): NCCL_UNIQUE_ID_BYTES in nccl.h
 ENV_WORLD = "GPUMEM_SIM_WORLD"  # "started/world", e.g. "0,7/8": set by gpumem/sim/world.py
+PEER_OBJECTS = ("gpumem simulate: recv_object_list needs objects that another rank sends, and "
+                "the simulated GPUs move no data between ranks (torch.distributed.pipelining "
+                "exchanges its stages' shapes this way), so pipeline parallelism cannot run "
+                "under the simulator yet\n")
 
 
 def _store_class() -> Any:
@@ -106,13 +129,27 @@ def _store_class() -> Any:
     return StandInStore
 
 
+def refuse_peer_objects() -> None:
+    """Note [Objects from peers]: recv_object_list ends the process with one line."""
+    import torch.distributed as dist
+
+    def recv_object_list(*args: Any, **kwargs: Any) -> Any:
+        sys.stderr.write(PEER_OBJECTS)
+        raise SystemExit(2)
+
+    dist.recv_object_list = recv_object_list
+    dist.distributed_c10d.recv_object_list = recv_object_list
+
+
 def install() -> None:
     """Point torch.distributed's env:// and tcp:// rendezvous at one StandInStore
-    for this process, and refuse the gloo backend with one line."""
+    for this process, and refuse the gloo backend and recv_object_list with one
+    line each."""
     import torch.distributed as dist
     import importlib
     rdzv = importlib.import_module("torch.distributed.rendezvous")
 
+    refuse_peer_objects()
     store = _store_class()()
 
     def handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any):
