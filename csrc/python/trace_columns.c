@@ -30,19 +30,16 @@
 #include "../base/ptrmap.h"
 
 #define MAX_KEYS 8
-#define N_INT 5
-#define N_OBJ 3
+#define N_INT GM_TC_N_INT
+#define N_OBJ GM_TC_N_OBJ
 #define MAX_KINDS 255
 
 static const char *const INT_KEYS[N_INT] = {"addr", "size", "stream", "time_us", "device_free"};
 static const int INT_SIGNED[N_INT] = {0, 0, 1, 1, 0};
-enum { K_ADDR, K_SIZE, K_STREAM, K_TIME, K_FREE };
+enum { K_ADDR = GM_TC_ADDR, K_SIZE = GM_TC_SIZE, K_STREAM = GM_TC_STREAM, K_TIME = GM_TC_TIME,
+       K_FREE = GM_TC_FREE };
 
-typedef struct rec {
-    uint8_t action, shape;
-    uint32_t obj[N_OBJ];
-    uint64_t v[N_INT];
-} rec_t;
+typedef gm_trec_t rec_t;
 
 /* code per key: 0 the action, 1 + slot an integer, 16 + slot an object */
 typedef struct shape {
@@ -363,6 +360,23 @@ int gm_tcols_take(PyObject *self, PyObject *entry) {
 }
 
 Py_ssize_t gm_tcols_len(PyObject *self) { return ((gm_tcols_t *)self)->n; }
+
+int gm_tcols_view(PyObject *o, gm_tcols_view_t *v) {
+    if (!Py_IS_TYPE(o, &TraceColumnsType))
+        return 0;
+    gm_tcols_t *t = (gm_tcols_t *)o;
+    *v = (gm_tcols_view_t){t->recs, t->n, t->actions, t->objs, (int)PyList_GET_SIZE(t->shapes)};
+    return 1;
+}
+
+int gm_tcols_key_code(PyObject *self, int shape, const char *key) {
+    gm_tcols_t *t = (gm_tcols_t *)self;
+    PyObject *tup = PyList_GET_ITEM(t->shapes, shape);
+    for (int k = 0; k < t->shape[shape].n; k++)
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(tup, k), key) == 0)
+            return t->shape[shape].code[k];
+    return -1;
+}
 
 PyObject *gm_tcols_item(PyObject *self, Py_ssize_t i) {
     gm_tcols_t *t = (gm_tcols_t *)self;
