@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/ptrmap.h"
+
 typedef struct cols {
     Py_buffer b[6];
     int n;
@@ -77,7 +79,7 @@ static PyObject *model_live(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOL:model_live", &s_o, &e_o, &index))
         return NULL;
     cols_t c = {.n = 0};
-    Py_ssize_t n, ne;
+    Py_ssize_t n = 0, ne = 0;
     const int64_t *start = col(&c, s_o, 0, &n), *end = start ? col(&c, e_o, 0, &ne) : NULL;
     PyObject *out = NULL;
     if (end && same_len(n, ne)) {
@@ -97,6 +99,7 @@ static PyObject *model_live(PyObject *self, PyObject *args) {
 }
 
 typedef struct group {
+    int64_t stack;
     Py_ssize_t first, count, largest_at;
     uint64_t largest;
     unsigned __int128 bytes;
@@ -117,27 +120,20 @@ static PyObject *model_group(PyObject *self, PyObject *args) {
     if (index == -1 && PyErr_Occurred())
         return NULL;
     cols_t c = {.n = 0};
-    Py_ssize_t n, n1 = 0, n2 = 0, n3 = 0;
+    Py_ssize_t n = 0, n1 = 0, n2 = 0, n3 = 0;
     const int64_t *size = col(&c, sz_o, 0, &n);
     const int64_t *stack = size ? col(&c, st_o, 0, &n1) : NULL;
     const int64_t *start = stack ? col(&c, s_o, 0, &n2) : NULL;
     const int64_t *end = start ? col(&c, e_o, 0, &n3) : NULL;
     PyObject *out = NULL;
-    group_t *g = NULL;
-    Py_ssize_t *order = NULL;
+    group_t *g = NULL;  /* the groups in order of their first allocation */
+    gm_ptrmap_t slot;   /* stack + 1 -> index in g */
+    int have_map = 0;
     if (!end || !same_len(n, n1) || !same_len(n, n2) || !same_len(n, n3))
         goto done;
-    int64_t top = -1;
-    for (Py_ssize_t a = 0; a < n; a++) {
-        if (stack[a] < 0) {
-            PyErr_SetString(PyExc_ValueError, "model_group: a negative stack id");
-            goto done;
-        }
-        top = stack[a] > top ? stack[a] : top;
-    }
-    g = PyMem_RawCalloc((size_t)top + 2, sizeof *g);
-    order = PyMem_RawMalloc(((size_t)top + 2) * sizeof *order);
-    if (!g || !order) {
+    g = PyMem_RawCalloc((size_t)n + 1, sizeof *g);
+    have_map = gm_ptrmap_init(&slot, 64) == 0;
+    if (!g || !have_map) {
         PyErr_NoMemory();
         goto done;
     }
@@ -145,14 +141,23 @@ static PyObject *model_group(PyObject *self, PyObject *args) {
     for (Py_ssize_t a = 0; a < n; a++) {
         if (!selected(start, end, a, all, index))
             continue;
-        group_t *x = &g[stack[a]];
+        if (stack[a] < 0 || stack[a] == INT64_MAX) {
+            PyErr_SetString(PyExc_ValueError, "model_group: a stack id out of range");
+            goto done;
+        }
+        uintptr_t k;
+        if (!gm_ptrmap_get(&slot, (uintptr_t)stack[a] + 1, &k)) {
+            k = (uintptr_t)ng++;
+            if (gm_ptrmap_put(&slot, (uintptr_t)stack[a] + 1, k) != 0) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            g[k].stack = stack[a];
+            g[k].first = pos;
+        }
+        group_t *x = &g[k];
         uint64_t sz = (uint64_t)size[a];
-        if (!x->count) {
-            x->first = pos;
-            order[ng++] = stack[a];
-            x->largest = sz;
-            x->largest_at = pos;
-        } else if (sz > x->largest) {
+        if (!x->count || sz > x->largest) {
             x->largest = sz;
             x->largest_at = pos;
         }
@@ -162,8 +167,8 @@ static PyObject *model_group(PyObject *self, PyObject *args) {
     }
     out = PyList_New(ng);
     for (Py_ssize_t k = 0; out && k < ng; k++) {
-        group_t *x = &g[order[k]];
-        PyObject *row = Py_BuildValue("(nnNKn)", order[k], x->count, u128_long(x->bytes),
+        group_t *x = &g[k];
+        PyObject *row = Py_BuildValue("(LnNKn)", (long long)x->stack, x->count, u128_long(x->bytes),
                                       (unsigned long long)x->largest, x->largest_at);
         if (!row) {
             Py_CLEAR(out);
@@ -173,7 +178,8 @@ static PyObject *model_group(PyObject *self, PyObject *args) {
     }
 done:
     PyMem_RawFree(g);
-    PyMem_RawFree(order);
+    if (have_map)
+        gm_ptrmap_free(&slot);
     release(&c);
     return out;
 }
@@ -189,7 +195,7 @@ static PyObject *model_samples(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Onn:model_samples", &a_o, &max_samples, &peak))
         return NULL;
     cols_t c = {.n = 0};
-    Py_ssize_t n;
+    Py_ssize_t n = 0;
     const int64_t *v = col(&c, a_o, 0, &n);
     PyObject *out = NULL;
     if (!v)
@@ -280,7 +286,7 @@ static PyObject *model_bands(PyObject *self, PyObject *args) {
                           &samp_o, &max_bands, &budget))
         return NULL;
     cols_t c = {.n = 0};
-    Py_ssize_t n, n1 = 0, n2 = 0, S = PyList_GET_SIZE(samp_o), nc = 0;
+    Py_ssize_t n = 0, n1 = 0, n2 = 0, S = PyList_GET_SIZE(samp_o), nc = 0;
     const int64_t *start = col(&c, s_o, 0, &n);
     const int64_t *end = start ? col(&c, e_o, 0, &n1) : NULL;
     const int64_t *size = end ? col(&c, sz_o, 0, &n2) : NULL;
@@ -338,7 +344,7 @@ static PyObject *model_ranges(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOO!:model_ranges", &s_o, &sz_o, &al_o, &PyList_Type, &pairs))
         return NULL;
     cols_t c = {.n = 0};
-    Py_ssize_t n, n1 = 0, ne = 0;
+    Py_ssize_t n = 0, n1 = 0, ne = 0;
     const int64_t *start = col(&c, s_o, 0, &n);
     const int64_t *size = start ? col(&c, sz_o, 0, &n1) : NULL;
     const int64_t *alloc = size ? col(&c, al_o, 0, &ne) : NULL;
@@ -371,9 +377,10 @@ static PyObject *model_ranges(PyObject *self, PyObject *args) {
     Py_ssize_t np = PyList_GET_SIZE(pairs);
     out = PyList_New(np);
     for (Py_ssize_t k = 0; out && k < np; k++) {
-        Py_ssize_t lo, hi;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(pairs, k), "nn", &lo, &hi) || lo < 0 || hi > ne ||
-            hi <= lo) {
+        Py_ssize_t lo = 0, hi = 0;
+        PyObject *pair = PyList_GET_ITEM(pairs, k);
+        if (!PyTuple_Check(pair) || !PyArg_ParseTuple(pair, "nn", &lo, &hi) || lo < 0 ||
+            hi > ne || hi <= lo) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "model_ranges: a range outside the trace");
             Py_CLEAR(out);
@@ -403,7 +410,7 @@ static PyObject *model_remap(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO!:model_remap", &c_o, &PyList_Type, &ids))
         return NULL;
     cols_t c = {.n = 0};
-    Py_ssize_t n, m = PyList_GET_SIZE(ids);
+    Py_ssize_t n = 0, m = PyList_GET_SIZE(ids);
     int64_t *v = (int64_t *)col(&c, c_o, 1, &n);
     int64_t *map = v ? PyMem_RawMalloc(((size_t)m + 1) * sizeof *map) : NULL;
     int ok = map != NULL;
