@@ -184,6 +184,27 @@ def random_snapshot(seed: int, n: int) -> dict:
     return {"segments": [segment(0, blocks)], "device_traces": [trace]}
 
 
+def test_categories_are_the_same_on_both_replays():
+    """A snapshot recorded with categories: the view's category curves, bands'
+    and blocks' categories and summary's breakdowns from either model."""
+    from gpumem.categories.classify import CATEGORIES, PHASES, TABLE_KEY
+    from gpumem.categories.report import equation_terms, allocation_categories
+    snap = random_snapshot(5, 700)
+    n, rng = len(snap["device_traces"][0]), random.Random(5)
+    snap[TABLE_KEY] = {
+        "version": 1, "categories": list(CATEGORIES),
+        "device_traces": [[rng.randrange(len(CATEGORIES)) for _ in range(n)]],
+        "trace_phases": [[rng.randrange(len(PHASES)) for _ in range(n)]],
+        "segments": [[rng.randrange(len(CATEGORIES)) for _ in snap["segments"][0]["blocks"]]]}
+    got = loaded(snap)
+    assert_same(got, caps=SMALL_CAPS)
+    m, r = build_device(got, 0), build_device(as_lists(got), 0)
+    assert m.columnar and not r.columnar
+    cats = allocation_categories(got, m)
+    assert cats == allocation_categories(got, r) and len(set(cats)) > 3
+    assert equation_terms(got, m, cats) == equation_terms(got, r, cats)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_random_traces_replay_the_same(seed):
     snap = loaded(random_snapshot(seed, 400 + 60 * seed))
