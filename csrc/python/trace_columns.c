@@ -271,18 +271,6 @@ static int int_slot(PyObject *key) {
     return -1;
 }
 
-/* The keys of entry are those of shape s, the same str objects in the same order. */
-static int same_keys(gm_tcols_t *t, int s, PyObject *entry) {
-    if (s >= PyList_GET_SIZE(t->shapes) || t->shape[s].n != PyDict_GET_SIZE(entry))
-        return 0;
-    PyObject *tup = PyList_GET_ITEM(t->shapes, s), *key, *value;
-    Py_ssize_t pos = 0;
-    for (int k = 0; PyDict_Next(entry, &pos, &key, &value); k++)
-        if (key != PyTuple_GET_ITEM(tup, k))
-            return 0;
-    return 1;
-}
-
 int gm_tcols_take(PyObject *self, PyObject *entry) {
     gm_tcols_t *t = (gm_tcols_t *)self;
     if (!PyDict_CheckExact(entry) || PyDict_GET_SIZE(entry) > MAX_KEYS)
@@ -294,13 +282,17 @@ int gm_tcols_take(PyObject *self, PyObject *entry) {
     unsigned have = 0;
     int nobj = 0;
     Py_ssize_t pos = 0;
-    /* the common case: the keys of the last shape (codes known, no str compares) */
-    const shape_t *known = same_keys(t, t->last_shape, entry) ? &t->shape[t->last_shape] : NULL;
+    /* the common case: the keys of the last shape, the same str objects in the
+     * same order (codes known, no str compares); checked key by key */
+    int same = t->last_shape < PyList_GET_SIZE(t->shapes) &&
+               t->shape[t->last_shape].n == PyDict_GET_SIZE(entry);
+    const shape_t *last = &t->shape[t->last_shape];
+    PyObject *last_keys = same ? PyList_GET_ITEM(t->shapes, t->last_shape) : NULL;
     for (int k = 0; PyDict_Next(entry, &pos, &key, &value); k++) {
         int code;
-        if (known) {
-            code = known->code[k];
-        } else if (!PyUnicode_CheckExact(key)) {
+        if (same && key == PyTuple_GET_ITEM(last_keys, k)) {
+            code = last->code[k];
+        } else if ((same = 0), !PyUnicode_CheckExact(key)) {
             return 0;
         } else if (PyUnicode_CompareWithASCIIString(key, "action") == 0) {
             code = 0;
@@ -332,7 +324,7 @@ int gm_tcols_take(PyObject *self, PyObject *entry) {
     int a = kind_index(t->actions, action);
     if (a < -1)
         return 0;
-    int s = a < 0 ? -1 : known ? t->last_shape : shape_index(t, keys, &want);
+    int s = a < 0 ? -1 : same ? t->last_shape : shape_index(t, keys, &want);
     if (s < -1)
         return 0;
     if (s < 0)
