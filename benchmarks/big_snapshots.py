@@ -8,8 +8,9 @@ Writes the synthetic training snapshot of tests/snapshot_gen.py with
 a new process, as a user does: ``gpumem summary FILE --json``, ``gpumem
 diff FILE FILE --json`` (the file against itself: two loads) and ``gpumem
 view FILE -o PAGE``.  Per command: wall seconds and the child's peak RSS
-(ru_maxrss from wait4), and that peak against the issue's bound, 4 x the
-file + 200 MB.  With --baseline REV, gpumem REV's package (from git; its
+(ru_maxrss from wait4), its CPU seconds (user + system, from wait4: on a
+loaded machine they move less than the wall seconds), and that peak against
+the issue's bound, 4 x the file + 200 MB.  With --baseline REV, gpumem REV's package (from git; its
 snapshot commands are pure Python, the working tree's built extension is
 put beside it) runs the same commands on the same file in the same run.
 
@@ -57,8 +58,8 @@ def run_child(argv: list[str], package_root: Path, cap: int) -> dict:
     _pid, status, usage = os.wait4(p.pid, 0)
     took = time.perf_counter() - t0
     p.returncode = os.waitstatus_to_exitcode(status)
-    row = {"seconds": round(took, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
-           "exit": p.returncode}
+    row = {"seconds": round(took, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+           "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "exit": p.returncode}
     if p.returncode:
         row["error"] = (err.strip().splitlines() or ["(no output)"])[-1][:200]
     return row

@@ -346,6 +346,60 @@ def fuzz_snapshot_reader(rng):
     call(list, trace)
 
 
+def fuzz_trace_model(rng):
+    """trace_model on wrong types and hostile end blocks; the column passes
+    (model_*) on wrong types, wrong lengths and ids and indexes out of range."""
+    import pickle
+    entries = [{"action": a, "addr": 4096 * (t % 3), "size": 512 + t, "stream": 0,
+                "time_us": t, "frames": [{"filename": "f.py", "line": t, "name": "g"}],
+                "device_free": 2}
+               for t, a in enumerate(["alloc", "free_completed", "oom", "segment_alloc"] * 3)]
+    entries[2] = {"action": "oom", "size": 1, "device_free": 2}
+    trace = C.read_snapshot_pickle(pickle.dumps({"segments": [], "device_traces": [entries]}))
+    trace = trace["device_traces"][0]
+    for args in arg_lists(3, rng, 100):
+        call(C.trace_model, *args)
+    ends = [[], [(0, 1)], [(2**64 - 1, 1)], [(2**64, 1)], [(-1, 5)], [(1, 2**64)], [(1,)],
+            [None], [(4096, 1), (8192, 2**63)], [("x", 1)]]
+    for e in ends:
+        for reserved in (0, -1, 2**63 - 1, 2**63, 2**100, -2**100, True):
+            call(C.trace_model, trace, e, reserved)
+    m = C.trace_model(trace, [(12288, 7)], 1 << 20)
+    cols = {k: array.array("q", m[k]) for k in ("a_start", "a_end", "a_size", "a_stack",
+                                                 "allocated")}
+    n = len(cols["a_start"])
+    weird = [array.array("q", [-1, 2**63 - 1, -2**63, 0]), array.array("q"),
+             array.array("d", [1.0] * n), array.array("i", [0] * n), b"\x00" * 8 * n,
+             bytearray(8 * n + 3), memoryview(array.array("q", [5] * n)), [0] * n]
+    fns = [(C.model_live, 3), (C.model_group, 5), (C.model_samples, 3), (C.model_bands, 6),
+           (C.model_ranges, 4), (C.model_remap, 2)]
+    for fn, arity in fns:
+        for args in arg_lists(arity, rng, 100):
+            call(fn, *args)
+        for _ in range(200):
+            args = [rng.choice(list(cols.values()) + weird + BAD) for _ in range(arity)]
+            call(fn, *args)
+    s, e, sz, st, al = (cols[k] for k in ("a_start", "a_end", "a_size", "a_stack", "allocated"))
+    for index in (-2**63, -1, 0, 3, 2**63 - 1, None):
+        call(C.model_live, s, e, index)
+        call(C.model_group, sz, st, s, e, index)
+        call(C.model_group, sz, array.array("q", [2**62] * n), s, e, index)
+        call(C.model_group, sz, array.array("q", [-5] * n), s, e, index)
+    for samples in ([], [0], [5, 1, 3], list(range(20)), [2**62], [-3, 2**40], ["x"]):
+        for max_bands, budget in ((0, 0), (-1, 5), (3, 2**62), (2**62, -1)):
+            call(C.model_bands, s, e, sz, samples, max_bands, budget)
+    for mx in (-5, 0, 1, 2, 3, 2**62):
+        for peak in (-1, 0, len(al), 2**62):
+            call(C.model_samples, al, mx, peak)
+    for ranges in ([], [(0, 1)], [(0, len(al))], [(3, 2)], [(-1, 2)], [(0, 2**40)], [(0,)],
+                   [None]):
+        call(C.model_ranges, s, sz, al, ranges)
+        call(C.model_ranges, array.array("q", [2**40] * n), sz, al, ranges)
+    for ids in ([], [0], list(range(50)), ["x"] * 50, [2**63] * 50):
+        call(C.model_remap, array.array("q", st), ids)
+        call(C.model_remap, array.array("q", [-1, 2**63 - 1]), ids)
+
+
 def main(argv):
     rng = random.Random(16)
     print(f"gpumem._C from {os.path.realpath(C.__file__)}", flush=True)
@@ -363,13 +417,15 @@ def main(argv):
              "_hist_config", "_hist_snapshot", "_hist_traceback", "_hist_set_metadata",
              "_hist_get_metadata", "_hist_overhead_bytes", "_hist_counts",
              "_hist_backward_enter", "_hist_backward_exit", "_hist_capture", "_hist_seq",
-             "read_snapshot_pickle", "TraceColumns"}
+             "read_snapshot_pickle", "TraceColumns", "trace_model", "model_live",
+             "model_group", "model_samples", "model_bands", "model_ranges", "model_remap"}
     entry_points = {n for n in dir(C) if callable(getattr(C, n)) and not n.startswith("__")}
     unknown = entry_points - known - NOT_CALLED
     assert not unknown, f"gpumem._C entry points the fuzzer does not call: {sorted(unknown)}"
     fuzz_size_policy(rng)
     fuzz_replay(rng)
     fuzz_snapshot_reader(rng)
+    fuzz_trace_model(rng)
     fuzz_constructor(rng)
     a = C.Allocator(capacity=1 << 30)
     fuzz_history(rng, a)

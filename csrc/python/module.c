@@ -14,11 +14,13 @@
 #include "errors.h"
 #include "hist_capture.h"
 #include "hist_snapshot.h"
+#include "model_passes.h"
 #include "pickle_reader.h"
 #include "replay.h"
 #include "segments.h"
 #include "settings.h"
 #include "size_policy.h"
+#include "trace_model.h"
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "gpumem._C",
                                        "gpumem's C allocator core and virtual device.", -1,
@@ -33,7 +35,8 @@ PyMODINIT_FUNC PyInit__C(void) {
         gm_py_cuda_driver_init(m) < 0 || gm_py_replay_init(m) < 0 ||
         gm_py_allocator_init(m) < 0 || gm_py_hist_capture_init(m) < 0 ||
         gm_py_hist_snapshot_init(m) < 0 || gm_py_core_api_init(m) < 0 ||
-        gm_py_pickle_reader_init(m) < 0) {
+        gm_py_pickle_reader_init(m) < 0 || gm_py_trace_model_init(m) < 0 ||
+        gm_py_model_passes_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -136,11 +136,42 @@ int gm_pk_appends(gm_pk_t *r, Py_ssize_t mark) {
     return 0;
 }
 
+/* An empty dict about to get n > 5 items (a trace entry has 6 to 8) that only
+ * the stack and at most one memo slot refer to is swapped for one made for
+ * n items: it is filled without growing its table on the way. */
+static void presize(gm_pk_t *r, Py_ssize_t at, Py_ssize_t n) {
+    PyObject *d = r->stack[at];
+    Py_ssize_t slots[1];
+    int k;
+    if (n <= 5 || !PyDict_CheckExact(d) || PyDict_GET_SIZE(d) || (k = own_slots(r, d, slots)) < 0)
+        return;
+    PyObject *nd = _PyDict_NewPresized(n);
+    if (!nd) {
+        PyErr_Clear(); /* the dict as it is will do */
+        return;
+    }
+    if (k) {
+        uintptr_t gone;
+        gm_ptrmap_del(&r->memo_dict, (uintptr_t)d, &gone);
+        if (gm_ptrmap_put(&r->memo_dict, (uintptr_t)nd, (uintptr_t)slots[0] + 1) != 0) {
+            gm_ptrmap_put(&r->memo_dict, (uintptr_t)d, gone); /* a smaller table is kept */
+            Py_DECREF(nd);
+            return;
+        }
+        Py_INCREF(nd);
+        r->memo[slots[0]] = nd;
+        Py_DECREF(d);
+    }
+    r->stack[at] = nd;
+    Py_DECREF(d);
+}
+
 int gm_pk_setitems(gm_pk_t *r, Py_ssize_t mark) {
     if (mark < 1) {
         gm_pk_corrupt(r, "SETITEMS without a dict below its MARK");
         return -1;
     }
+    presize(r, mark - 1, (r->sp - mark) / 2);
     PyObject *d = r->stack[mark - 1];
     if (!PyDict_CheckExact(d) || (r->sp - mark) % 2) {
         gm_pk_corrupt(r, PyDict_CheckExact(d) ? "odd number of items for SETITEMS"

@@ -30,19 +30,16 @@
 #include "../base/ptrmap.h"
 
 #define MAX_KEYS 8
-#define N_INT 5
-#define N_OBJ 3
+#define N_INT GM_TC_N_INT
+#define N_OBJ GM_TC_N_OBJ
 #define MAX_KINDS 255
 
 static const char *const INT_KEYS[N_INT] = {"addr", "size", "stream", "time_us", "device_free"};
 static const int INT_SIGNED[N_INT] = {0, 0, 1, 1, 0};
-enum { K_ADDR, K_SIZE, K_STREAM, K_TIME, K_FREE };
+enum { K_ADDR = GM_TC_ADDR, K_SIZE = GM_TC_SIZE, K_STREAM = GM_TC_STREAM, K_TIME = GM_TC_TIME,
+       K_FREE = GM_TC_FREE };
 
-typedef struct rec {
-    uint8_t action, shape;
-    uint32_t obj[N_OBJ];
-    uint64_t v[N_INT];
-} rec_t;
+typedef gm_trec_t rec_t;
 
 /* code per key: 0 the action, 1 + slot an integer, 16 + slot an object */
 typedef struct shape {
@@ -274,18 +271,6 @@ static int int_slot(PyObject *key) {
     return -1;
 }
 
-/* The keys of entry are those of shape s, the same str objects in the same order. */
-static int same_keys(gm_tcols_t *t, int s, PyObject *entry) {
-    if (s >= PyList_GET_SIZE(t->shapes) || t->shape[s].n != PyDict_GET_SIZE(entry))
-        return 0;
-    PyObject *tup = PyList_GET_ITEM(t->shapes, s), *key, *value;
-    Py_ssize_t pos = 0;
-    for (int k = 0; PyDict_Next(entry, &pos, &key, &value); k++)
-        if (key != PyTuple_GET_ITEM(tup, k))
-            return 0;
-    return 1;
-}
-
 int gm_tcols_take(PyObject *self, PyObject *entry) {
     gm_tcols_t *t = (gm_tcols_t *)self;
     if (!PyDict_CheckExact(entry) || PyDict_GET_SIZE(entry) > MAX_KEYS)
@@ -297,13 +282,17 @@ int gm_tcols_take(PyObject *self, PyObject *entry) {
     unsigned have = 0;
     int nobj = 0;
     Py_ssize_t pos = 0;
-    /* the common case: the keys of the last shape (codes known, no str compares) */
-    const shape_t *known = same_keys(t, t->last_shape, entry) ? &t->shape[t->last_shape] : NULL;
+    /* the common case: the keys of the last shape, the same str objects in the
+     * same order (codes known, no str compares); checked key by key */
+    int same = t->last_shape < PyList_GET_SIZE(t->shapes) &&
+               t->shape[t->last_shape].n == PyDict_GET_SIZE(entry);
+    const shape_t *last = &t->shape[t->last_shape];
+    PyObject *last_keys = same ? PyList_GET_ITEM(t->shapes, t->last_shape) : NULL;
     for (int k = 0; PyDict_Next(entry, &pos, &key, &value); k++) {
         int code;
-        if (known) {
-            code = known->code[k];
-        } else if (!PyUnicode_CheckExact(key)) {
+        if (same && key == PyTuple_GET_ITEM(last_keys, k)) {
+            code = last->code[k];
+        } else if ((same = 0), !PyUnicode_CheckExact(key)) {
             return 0;
         } else if (PyUnicode_CompareWithASCIIString(key, "action") == 0) {
             code = 0;
@@ -335,7 +324,7 @@ int gm_tcols_take(PyObject *self, PyObject *entry) {
     int a = kind_index(t->actions, action);
     if (a < -1)
         return 0;
-    int s = a < 0 ? -1 : known ? t->last_shape : shape_index(t, keys, &want);
+    int s = a < 0 ? -1 : same ? t->last_shape : shape_index(t, keys, &want);
     if (s < -1)
         return 0;
     if (s < 0)
@@ -363,6 +352,23 @@ int gm_tcols_take(PyObject *self, PyObject *entry) {
 }
 
 Py_ssize_t gm_tcols_len(PyObject *self) { return ((gm_tcols_t *)self)->n; }
+
+int gm_tcols_view(PyObject *o, gm_tcols_view_t *v) {
+    if (!Py_IS_TYPE(o, &TraceColumnsType))
+        return 0;
+    gm_tcols_t *t = (gm_tcols_t *)o;
+    *v = (gm_tcols_view_t){t->recs, t->n, t->actions, t->objs, (int)PyList_GET_SIZE(t->shapes)};
+    return 1;
+}
+
+int gm_tcols_key_code(PyObject *self, int shape, const char *key) {
+    gm_tcols_t *t = (gm_tcols_t *)self;
+    PyObject *tup = PyList_GET_ITEM(t->shapes, shape);
+    for (int k = 0; k < t->shape[shape].n; k++)
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(tup, k), key) == 0)
+            return t->shape[shape].code[k];
+    return -1;
+}
 
 PyObject *gm_tcols_item(PyObject *self, Py_ssize_t i) {
     gm_tcols_t *t = (gm_tcols_t *)self;

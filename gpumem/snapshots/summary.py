@@ -13,13 +13,13 @@ from __future__ import annotations
 import bisect
 from typing import Any, Iterable
 
-from gpumem import _sampling
+from gpumem import _C, _sampling
 from gpumem.categories import report as category_report
 from gpumem.snapshots.sites import StackTable
 from gpumem.snapshots.timeline import (OPTIMIZER_ENDS, DeviceModel, block_bytes, block_frames,
                                        build_device, devices_of, end_blocks, pick_device)
 
-__all__ = ["live_by_site", "end_live", "segment_totals", "summarize", "diff"]
+__all__ = ["live_by_site", "model_by_site", "end_live", "segment_totals", "summarize", "diff"]
 
 # ------------------------------------------------------------------ aggregation
 
@@ -53,6 +53,35 @@ def live_by_site(stacks: StackTable, items: Iterable[tuple[int, int]],
     return out
 
 
+def model_by_site(m: DeviceModel, index: int | None,
+                  sampling: dict | None = None) -> dict[int, list]:
+    """live_by_site of m's allocations live just after trace entry ``index``,
+    or of all those the trace made when index is None.  A columnar model
+    without sampling is grouped by stack in C (_C.model_group), and the
+    stacks merged into sites here: the same rows in the same order."""
+    if not m.columnar or sampling is not None:
+        chosen = (m.live_at(index) if index is not None
+                  else (a for a, s in enumerate(m.a_start) if s >= 0))
+        return live_by_site(m.stacks, ((m.a_size[a], m.a_stack[a]) for a in chosen), sampling)
+    out: dict[int, list] = {}
+    first_of_largest: dict[int, int] = {}
+    site_of = m.stacks.stack_site
+    for stack, count, nbytes, largest, at in _C.model_group(m.a_size, m.a_stack, m.a_start,
+                                                            m.a_end, index):
+        site = site_of[stack]
+        row = out.get(site)
+        if row is None:
+            out[site] = [count, nbytes, largest, stack, False]
+            first_of_largest[site] = at
+            continue
+        row[0] += count
+        row[1] += nbytes
+        if largest > row[2] or (largest == row[2] and at < first_of_largest[site]):
+            row[2], row[3] = largest, stack
+            first_of_largest[site] = at
+    return out
+
+
 def end_live(snap: dict, device: int | None, stacks: StackTable,
              models: dict[int, DeviceModel] | None = None) -> list[tuple[int, int]]:
     """(bytes, stack) of every allocated block in the final segments.
@@ -68,7 +97,7 @@ def end_live(snap: dict, device: int | None, stacks: StackTable,
         model = (models or {}).get(seg_dev)
         if model is not None:
             by_addr = {model.a_addr[a]: model.a_stack[a]
-                       for a, end in enumerate(model.a_end) if end >= model.n_events}
+                       for a in model.live_at(model.n_events - 1)}
         for addr, block, _seg in end_blocks(snap, seg_dev):
             if block["state"] != "active_allocated":
                 continue
@@ -141,7 +170,7 @@ def _summarize_device(snap: dict, dev: int, stacks: StackTable, top: int) -> dic
     seg = segment_totals(snap, dev)
     smp = _sampling.snapshot_params(snap)
     row: dict[str, Any] = {"device": dev, "trace_events": m.n_events,
-                           "allocations": sum(1 for s in m.a_start if s >= 0),
+                           "allocations": m.trace_allocations(),
                            "at_snapshot": seg}
     end_items = end_live(snap, dev, stacks, {dev: m})
     if m.has_trace:
@@ -161,12 +190,9 @@ def _summarize_device(snap: dict, dev: int, stacks: StackTable, top: int) -> dic
                    reserved_at_peak=res_at_peak, reserved_note=note)
         row["fragmentation_at_peak"] = (res_at_peak - m.peak if res_at_peak is not None
                                         and res_at_peak >= m.peak else None)
-        peak_live = [(m.a_size[a], m.a_stack[a]) for a in m.live_at(peak_i)]
-        row["top_live_at_peak"] = _top(stacks, live_by_site(stacks, peak_live, smp), top)
-        total = live_by_site(stacks, ((m.a_size[a], m.a_stack[a])
-                                      for a, s in enumerate(m.a_start) if s >= 0), smp)
-        row["top_total_allocated"] = _top(stacks, total, top)
-        row["live_before_trace"] = sum(1 for s in m.a_start if s < 0)
+        row["top_live_at_peak"] = _top(stacks, model_by_site(m, peak_i, smp), top)
+        row["top_total_allocated"] = _top(stacks, model_by_site(m, None, smp), top)
+        row["live_before_trace"] = len(m.a_start) - m.trace_allocations()
         row["inconsistencies"] = m.inconsistencies
         span = [t for t in (m.times[0], m.times[-1]) if t is not None]
         row["duration_us"] = span[1] - span[0] if len(span) == 2 else None
@@ -206,33 +232,41 @@ def _steps(m: DeviceModel, top: int,
         bounds.insert(0, 0)
         labels.insert(0, "step 1" if m.marker_source == OPTIMIZER_ENDS
                       else "(before the first marker)")
+    ranges = [(k, start, bounds[k + 1] if k + 1 < len(bounds) else m.n_events)
+              for k, start in enumerate(bounds)]
+    ranges = [r for r in ranges if r[2] > r[1]]
+    steps = []
+    for (k, start, end), (count, nbytes, peak) in zip(ranges, _range_stats(m, ranges)):
+        before = m.allocated_at(start - 1)
+        after = m.allocated_at(end - 1)
+        steps.append({"label": labels[k], "first_index": start, "last_index": end - 1,
+                      "start_allocated": before, "end_allocated": after,
+                      "growth": after - before, "peak": peak,
+                      "allocations": count, "allocated_bytes": nbytes})
+    growth: list[dict] = []
+    if len(steps) >= 3:  # growth from the end of the first step to the end of the last
+        first_end, last_end = steps[0]["last_index"], steps[-1]["last_index"]
+        growth = _diff_groups(m.stacks, model_by_site(m, first_end, smp),
+                              model_by_site(m, last_end, smp), m.stacks, top, grown_only=True)
+    return steps, m.marker_source, growth
+
+
+def _range_stats(m: DeviceModel, ranges: list[tuple[int, int, int]]) -> list[tuple]:
+    """(allocations made, their bytes, peak allocated) in entries start .. end - 1
+    of each (k, start, end)."""
+    if m.columnar:
+        return _C.model_ranges(m.a_start, m.a_size, m.allocated,
+                               [(start, end) for _k, start, end in ranges])
     order = sorted((s, a) for a, s in enumerate(m.a_start) if s >= 0)
     starts = [s for s, _ in order]
     csum = [0]
     for _s, a in order:
         csum.append(csum[-1] + m.a_size[a])
-    steps = []
-    for k, start in enumerate(bounds):
-        end = bounds[k + 1] if k + 1 < len(bounds) else m.n_events
-        if end <= start:
-            continue
-        before = m.allocated_at(start - 1)
-        after = m.allocated_at(end - 1)
+    out = []
+    for _k, start, end in ranges:
         lo, hi = bisect.bisect_left(starts, start), bisect.bisect_left(starts, end)
-        steps.append({"label": labels[k], "first_index": start, "last_index": end - 1,
-                      "start_allocated": before, "end_allocated": after,
-                      "growth": after - before, "peak": max(m.allocated[start:end]),
-                      "allocations": hi - lo, "allocated_bytes": csum[hi] - csum[lo]})
-    growth: list[dict] = []
-    if len(steps) >= 3:  # growth from the end of the first step to the end of the last
-        first_end, last_end = steps[0]["last_index"], steps[-1]["last_index"]
-        growth = _diff_groups(m.stacks,
-                              live_by_site(m.stacks, ((m.a_size[a], m.a_stack[a])
-                                                      for a in m.live_at(first_end)), smp),
-                              live_by_site(m.stacks, ((m.a_size[a], m.a_stack[a])
-                                                      for a in m.live_at(last_end)), smp),
-                              m.stacks, top, grown_only=True)
-    return steps, m.marker_source, growth
+        out.append((hi - lo, csum[hi] - csum[lo], max(m.allocated[start:end])))
+    return out
 
 
 # ------------------------------------------------------------------ diff

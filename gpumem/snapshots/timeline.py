@@ -3,8 +3,15 @@
 
 Input is a snapshot dict as gpumem.snapshots.unpickle.load_snapshot returns it
 (torch's schema, see ../shared/notes/torch-snapshot-format.md).  Nothing here
-needs torch or the C extension.  What is computed from the model (summaries,
-diffs, per-site tables) is in gpumem.snapshots.summary, above this module.
+needs torch.  What is computed from the model (summaries, diffs, per-site
+tables) is in gpumem.snapshots.summary, above this module.
+
+Two forms of the same model: a trace the loader read as _C.TraceColumns is
+replayed by _C.trace_model into int64 arrays (Note [Native trace replay] in
+csrc/python/trace_model.c: no Python object per entry or allocation, and
+the passes over them are _C.model_*); any other trace (a plain list of dicts,
+or values past 64 bits) by the Python loop below into lists.  Both follow the
+rules below and give equal models (tests/test_native_model.py).
 
 Model of one device (DeviceModel):
 - Allocations come from the trace.  An ``alloc`` starts one; it ends at the
@@ -41,8 +48,10 @@ shown by its type (a shared nested list has an enormous repr).
 from __future__ import annotations
 
 import bisect
+from array import array
 from typing import Any, Iterable
 
+from gpumem import _C
 from gpumem.snapshots.sites import StackTable, U64, opt_int as _opt_int, text_of as _text
 from gpumem.snapshots.unpickle import SnapshotError
 
@@ -141,9 +150,15 @@ class DeviceModel:
         self.peak = 0
         self.inconsistencies = 0
 
+        self.columnar = False           # arrays from _C.trace_model, not lists
+
     @property
     def has_trace(self) -> bool:
         return self.n_events > 0
+
+    def trace_allocations(self) -> int:
+        """Allocations the trace made (the others have start -1: live before it)."""
+        return len(self.a_start) - self.a_start.count(-1)
 
     def _new(self, start: int, end: int, size: int, addr: int, stack: int) -> int:
         self.a_start.append(start)
@@ -163,14 +178,54 @@ class DeviceModel:
             return None
         return self.reserved[max(0, min(index, len(self.reserved) - 1))]
 
-    def live_at(self, index: int) -> list[int]:
-        """Allocations live just after trace entry ``index`` (-1: before the first)."""
+    def live_at(self, index: int) -> list[int] | array:
+        """Allocations live just after trace entry ``index`` (-1: before the first);
+        live_at(n_events - 1) are those still live at the end (start <= the last
+        entry always)."""
+        if self.columnar:
+            return _int_array("q", _C.model_live(self.a_start, self.a_end, index))
         return [a for a, (s, e) in enumerate(zip(self.a_start, self.a_end)) if s <= index < e]
+
+    def known_times(self) -> tuple[Any, Any]:
+        """(times, their entry indexes) of the entries that have a time."""
+        if self.columnar and self.times.mask is None:
+            return self.times.values, range(self.n_events)
+        known = [(t, i) for i, t in enumerate(self.times) if t is not None]
+        return [t for t, _ in known], [i for _, i in known]
 
     def time_at(self, index: int) -> int | None:
         if 0 <= index < len(self.times):
             return self.times[index]
         return None
+
+
+class _Times:
+    """A columnar model's per-entry times: item i is an int, or None where
+    entry i has no time (mask[i] == 0; no mask: every entry has one)."""
+
+    __slots__ = ("values", "mask")
+
+    def __init__(self, values: array, mask: bytearray | None) -> None:
+        self.values, self.mask = values, mask
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, i: int) -> int | None:
+        if self.mask is not None and not self.mask[i]:
+            return None
+        return self.values[i]
+
+    def __iter__(self):
+        if self.mask is None:
+            return iter(self.values)
+        return (v if k else None for v, k in zip(self.values, self.mask))
+
+
+def _int_array(code: str, data: bytearray) -> array:
+    out = array(code)
+    out.frombytes(data)
+    return out
 
 
 def build_device(snap: dict, device: int, stacks: StackTable | None = None) -> DeviceModel:
@@ -179,6 +234,8 @@ def build_device(snap: dict, device: int, stacks: StackTable | None = None) -> D
     m = DeviceModel(device, stacks)
     traces = snap["device_traces"]
     trace = traces[device] if device < len(traces) else []
+    if isinstance(trace, _C.TraceColumns) and _build_native(snap, m, trace):
+        return m
     n = m.n_events = len(trace)
     live: dict[int, int] = {}      # addr -> allocation index
     seen: set[int] = set()
@@ -278,6 +335,50 @@ def build_device(snap: dict, device: int, stacks: StackTable | None = None) -> D
     return m
 
 
+def _build_native(snap: dict, m: DeviceModel, trace: Any) -> bool:
+    """build_device by _C.trace_model; False (m untouched) when it declines."""
+    ends = [(addr, block) for addr, block, _seg in end_blocks(snap, m.device)
+            if block["state"] in ACTIVE_STATES]
+    addrs = [(addr, block_bytes(block)) for addr, block in ends]
+    reserved_end = sum(s["total_size"] for s in snap["segments"] if s["device"] == m.device)
+    r = _C.trace_model(trace, addrs, reserved_end)
+    if r is None:
+        return False
+    intern = m.stacks.intern
+    sids = [intern(frames) for frames in r.pop("stack_objs")]
+    sids += [intern(block_frames(ends[j][1])) for j in r["ends_added"]]
+    m.columnar = True
+    m.n_events = r["n"]
+    for name, code in (("a_start", "q"), ("a_end", "q"), ("a_size", "Q"), ("a_addr", "Q"),
+                       ("a_stack", "q"), ("allocated", "q")):
+        setattr(m, name, _int_array(code, r.pop(name)))
+    _C.model_remap(m.a_stack, sids)
+    m.times = _Times(_int_array("q", r.pop("times")), r["times_mask"])
+    reserved, m.baseline, m.peak, m.peak_index = r["tail"]
+    m.reserved = None if reserved is None else _int_array("q", reserved)
+    m.reserved_end = reserved_end
+    m.inconsistencies = r["inconsistencies"]
+    for i in r["ooms"]:
+        e = trace[i]
+        m.ooms.append({"index": i, "size": e["size"], "device_free": e["device_free"],
+                       "stack": intern(e.get("frames")), "time_us": m.times[i]})
+    meta_runs: list[tuple[int, str]] = []
+    last = None
+    for i, meta in r["meta_runs"]:   # where the value changes; equal texts are one run
+        if meta.__class__ is not str:
+            meta = _text(meta, 120)
+        if meta != last:
+            meta_runs.append((i, meta))
+            last = meta
+    annots = []
+    for i in r["annotations"]:
+        e = trace[i]
+        annots.append((i, _text(e.get("user_metadata") or e.get("name") or e["action"], 120)))
+    snaps = [(i, f"after snapshot {k + 1}") for k, i in enumerate(r["snapshots"])]
+    _pick_markers(m, snap, meta_runs, annots, snaps)
+    return True
+
+
 def _pick_markers(m: DeviceModel, snap: dict, meta_runs: list, annots: list, snaps: list) -> None:
     if len(meta_runs) > 1 or (meta_runs and meta_runs[0][1]):
         m.markers = [(i, label or "(no metadata)") for i, label in meta_runs]
@@ -285,7 +386,7 @@ def _pick_markers(m: DeviceModel, snap: dict, meta_runs: list, annots: list, sna
         return
     ext = snap.get("external_annotations")
     source = "annotations"
-    if not annots and isinstance(ext, list) and any(t is not None for t in m.times):
+    if not annots and isinstance(ext, list) and ext and any(t is not None for t in m.times):
         annots, source = _annotation_markers(m, ext)
     if annots:
         m.markers = annots
@@ -312,8 +413,6 @@ def _annotation_markers(m: DeviceModel, ext: list) -> tuple[list[tuple[int, str]
     and what follows the last one is "after step N", not a step of its own);
     otherwise every region's START is a boundary.
     """
-    known = [(t, i) for i, t in enumerate(m.times) if t is not None]
-    ts = [t for t, _ in known]
     regions = []
     for a in ext:
         if not isinstance(a, dict) or _opt_int(a.get("device"), m.device) != m.device:
@@ -321,18 +420,21 @@ def _annotation_markers(m: DeviceModel, ext: list) -> tuple[list[tuple[int, str]
         t = _opt_int(a.get("time_us"))
         if t is not None:
             regions.append((t, _text(a.get("stage"), 10), _text(a.get("name"), 120)))
+    if not regions:
+        return [], "annotations"
+    ts, at = m.known_times()
     own = [r for r in regions if r[1] == "START" and _record_step(r[2])]
     steps = [r for r in regions if r[2].startswith("Optimizer.step") and r[1] == "END"]
     out = []
     if steps and not own:
         for k, (t, _stage, _name) in enumerate(sorted(steps)):
             j = bisect.bisect_right(ts, t)
-            if j < len(known):
-                out.append((known[j][1], f"step {k + 2}" if k + 1 < len(steps)
+            if j < len(at):
+                out.append((at[j], f"step {k + 2}" if k + 1 < len(steps)
                             else f"after step {k + 1}"))
         return out, OPTIMIZER_ENDS
     for t, stage, name in sorted(own or regions):
         j = bisect.bisect_left(ts, t)
-        if stage in ("START", "") and j < len(known):
-            out.append((known[j][1], name))
+        if stage in ("START", "") and j < len(at):
+            out.append((at[j], name))
     return out, "gpumem.record's steps" if own else "annotations"

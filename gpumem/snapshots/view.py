@@ -36,11 +36,11 @@ import os
 import re
 from typing import Any
 
-from gpumem import _sampling
+from gpumem import _C, _sampling
 from gpumem._atomic import write_atomic
 from gpumem.categories import report as category_report
 from gpumem.snapshots.sites import text_of
-from gpumem.snapshots.summary import end_live, live_by_site, segment_totals
+from gpumem.snapshots.summary import end_live, live_by_site, model_by_site, segment_totals
 from gpumem.snapshots.timeline import (AnalysisError, DeviceModel, StackTable, block_bytes,
                                        block_frames, build_device, devices_of, pick_device)
 from gpumem.snapshots.unpickle import Limits, gc_paused, load_snapshot
@@ -113,6 +113,8 @@ def _samples(m: DeviceModel, max_samples: int) -> list[int]:
     n = m.n_events
     if n <= max_samples:
         return list(range(n))
+    if m.columnar:
+        return _C.model_samples(m.allocated, max_samples, m.peak_index)
     a = m.allocated
     buckets = max_samples // 2
     picks = set()
@@ -140,21 +142,7 @@ def _timeline(m: DeviceModel, out: _Out, caps: dict,
         return None
     samples = _samples(m, caps["samples"])
     S = len(samples)
-    cands = []
-    for a, (s, e) in enumerate(zip(m.a_start, m.a_end)):
-        s0 = bisect.bisect_left(samples, s)
-        s1 = bisect.bisect_left(samples, e) - 1
-        if s0 <= s1:
-            cands.append((m.a_size[a], s1 - s0, a, s0, s1))
-    cands.sort(key=lambda c: (-c[0], -c[1], c[2]))
-    chosen, budget = [], caps["band_budget"]
-    for size, life, a, s0, s1 in cands:
-        if len(chosen) >= caps["bands"]:
-            break
-        if life + 1 > budget:
-            continue
-        budget -= life + 1
-        chosen.append((a, s0, s1))
+    visible, chosen = _bands(m, samples, caps["bands"], caps["band_budget"])
     diff = [0] * (S + 1)
     for a, s0, s1 in chosen:
         diff[s0] += m.a_size[a]
@@ -174,7 +162,6 @@ def _timeline(m: DeviceModel, out: _Out, caps: dict,
     if t0 is not None:
         times = [None if m.times[x] is None else round((m.times[x] - t0) / 1000.0, 3)
                  for x in samples]
-    visible = len(cands)
     return {
         "n_events": m.n_events, "ev": samples, "t": times, "total": total,
         "small": [max(0, t - b) for t, b in zip(total, big)],
@@ -186,6 +173,31 @@ def _timeline(m: DeviceModel, out: _Out, caps: dict,
         "ooms": [[o["index"], o["size"], o["device_free"], out.stack(o["stack"])]
                  for o in m.ooms[:100]],
     }
+
+
+def _bands(m: DeviceModel, samples: list[int], max_bands: int,
+           budget: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """(allocations live at some sample, [(a, first sample, last sample)] of
+    those drawn as bands): largest first, then longest, then first made,
+    while fewer than max_bands are taken and their lifetimes fit budget."""
+    if m.columnar:
+        return _C.model_bands(m.a_start, m.a_end, m.a_size, samples, max_bands, budget)
+    cands = []
+    for a, (s, e) in enumerate(zip(m.a_start, m.a_end)):
+        s0 = bisect.bisect_left(samples, s)
+        s1 = bisect.bisect_left(samples, e) - 1
+        if s0 <= s1:
+            cands.append((m.a_size[a], s1 - s0, a, s0, s1))
+    cands.sort(key=lambda c: (-c[0], -c[1], c[2]))
+    chosen = []
+    for _size, life, a, s0, s1 in cands:
+        if len(chosen) >= max_bands:
+            break
+        if life + 1 > budget:
+            continue
+        budget -= life + 1
+        chosen.append((a, s0, s1))
+    return len(cands), chosen
 
 
 def _categories(m: DeviceModel, cats: list[int] | None,
@@ -205,9 +217,9 @@ def _categories(m: DeviceModel, cats: list[int] | None,
 
 def _segments(snap: dict, dev: int, m: DeviceModel, out: _Out, caps: dict,
               cats: list[int] | None = None) -> dict:
-    live_stack = {m.a_addr[a]: m.a_stack[a] for a, e in enumerate(m.a_end) if e >= m.n_events}
-    live_cat = {m.a_addr[a]: cats[a] for a, e in enumerate(m.a_end)
-                if e >= m.n_events} if cats else {}
+    at_end = m.live_at(m.n_events - 1)
+    live_stack = {m.a_addr[a]: m.a_stack[a] for a in at_end}
+    live_cat = {m.a_addr[a]: cats[a] for a in at_end} if cats else {}
     segs = [s for s in snap["segments"] if s["device"] == dev]
     sizes = sorted((b["size"] for s in segs for b in s.get("blocks", [])), reverse=True)
     cap = caps["blocks"]
@@ -265,8 +277,8 @@ def _table(snap: dict, dev: int, m: DeviceModel, out: _Out) -> dict:
     smp = _sampling.snapshot_params(snap)
     estimated: set[int] = set()
 
-    def add(col: int, items) -> None:
-        for site, (count, nbytes, largest, stack, est) in live_by_site(st, items, smp).items():
+    def add(col: int, by_site: dict) -> None:
+        for site, (count, nbytes, largest, stack, est) in by_site.items():
             row = groups.setdefault(site, [0] * 6 + [0, stack])
             row[col], row[col + 1] = round(count), round(nbytes)
             if est:
@@ -274,9 +286,9 @@ def _table(snap: dict, dev: int, m: DeviceModel, out: _Out) -> dict:
             if largest > row[6]:
                 row[6], row[7] = largest, stack
     if m.has_trace:
-        add(0, ((m.a_size[a], m.a_stack[a]) for a in m.live_at(m.peak_index)))
-        add(4, ((m.a_size[a], m.a_stack[a]) for a, s in enumerate(m.a_start) if s >= 0))
-    add(2, end_live(snap, dev, st, {dev: m}))
+        add(0, model_by_site(m, m.peak_index, smp))
+        add(4, model_by_site(m, None, smp))
+    add(2, live_by_site(st, end_live(snap, dev, st, {dev: m}), smp))
     keep = set()
     for col in (1, 3, 5):
         keep.update(sorted(groups, key=lambda s: -groups[s][col])[:MAX_TABLE_ROWS // 3])
@@ -293,8 +305,8 @@ def _header(snap: dict, dev: int, m: DeviceModel) -> dict:
     seg = segment_totals(snap, dev)
     h: dict[str, Any] = {"events": m.n_events, "segments": seg["segments"],
                          "reserved_end": seg["reserved"], "allocated_end": seg["allocated"],
-                         "allocations": sum(1 for s in m.a_start if s >= 0),
-                         "live_before": sum(1 for s in m.a_start if s < 0),
+                         "allocations": m.trace_allocations(),
+                         "live_before": len(m.a_start) - m.trace_allocations(),
                          "ooms": len(m.ooms), "markers": m.marker_source}
     if m.has_trace:
         res = m.reserved_at(m.peak_index)
