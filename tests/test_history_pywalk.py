@@ -1,6 +1,7 @@
 """The two Python frame walks of a stack capture (csrc/python/hist_pywalk.h)
-agree: CPython 3.11's direct _PyInterpreterFrame walk, which capture uses
-on 3.11, and the public C API walk, its fallback on every other version.
+agree: the direct _PyInterpreterFrame walk, which capture uses on CPython
+3.11, 3.12 and 3.13 (GIL builds), and the public C API walk, its fallback
+on every other version.
 
 Each test takes both walks from one place (testext.hist_walks, the test-only
 extension compiling the same header) and compares them frame by frame, and
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import sysconfig
 
 import pytest
 
 import testext
 
-DIRECT = sys.version_info[:2] == (3, 11)
+DIRECT = ((3, 11) <= sys.version_info[:2] <= (3, 13)
+          and not sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 
 def interpreter_view(depth: int = 1) -> list:
@@ -111,8 +114,8 @@ def test_exec_and_a_frame_that_raised():
     assert direct == api
 
 
-@pytest.mark.skipif(not DIRECT, reason="the direct walk exists on CPython 3.11 only")
-def test_capture_uses_the_direct_walk_on_311():
+@pytest.mark.skipif(not DIRECT, reason="the direct walk exists on CPython 3.11 to 3.13 only")
+def test_capture_uses_the_direct_walk():
     _, _, used = walks()
     assert used is True
 
@@ -193,3 +196,46 @@ def test_stacks_captured_without_the_gil_are_the_stacks_of_the_moment():
         assert both[0] == both[1]
     finally:
         history.record_memory_history(None)
+
+
+def test_entry_frames_of_calls_from_c():
+    """Python called back from C (an __init__ through type(), a property, a
+    with block's __exit__, a generator driven by yield from and send): on
+    3.12 and 3.13 each such call starts with an entry frame the walks skip."""
+    got = []
+
+    class Obj:
+        def __init__(self):
+            got.append(walks())
+
+        @property
+        def prop(self):
+            got.append(walks())
+            return 1
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            got.append(walks())
+
+    with Obj() as o:
+        assert o.prop == 1
+
+    def inner():
+        x = yield
+        got.append(walks())
+        yield x
+
+    def outer():
+        yield from inner()
+
+    g = outer()
+    next(g)
+    g.send(5)
+    assert len(got) == 4
+    for api, direct, used in got:
+        assert used is DIRECT
+        assert direct == api
+        assert api[1][0].co_name in {"__init__", "prop", "__exit__", "inner"}
+        assert api[-1][0] is interpreter_view(0)[-1][0]  # the outermost frame
