@@ -19,9 +19,10 @@
  *   and its code); a 33-frame capture spent most of its time there. And
  *   without the direct walk a capture on a thread that released the GIL
  *   (torch releases it around every operator) must take the GIL back
- *   (Note [Last stack]). On Python 3.12 (a real GPU's training step, issue
- *   32) the public walk made gpumem's recorder cost 0.84 x torch's per
- *   allocation, against 0.19 x on 3.11.
+ *   (Note [Last stack]). On Python 3.12.1 the public walk made gpumem's
+ *   overhead per allocation (context 'all', 33 Python frames) 0.57 x
+ *   torch's; the direct walk brought it to 0.27 x (docs/benchmarks.md,
+ *   issue 32).
  * Approach: from 3.11 on, a thread's frames are a linked list, from the
  *   thread state's current frame (3.11, 3.12: tstate->cframe->current_frame;
  *   3.13: tstate->current_frame) through ->previous, each holding its code
