@@ -104,8 +104,15 @@ static inline uintptr_t load(uintptr_t a, uintptr_t lo, uintptr_t hi, int *ok) {
     return *(const uintptr_t *)a;
 }
 
-__attribute__((noinline, optimize("no-omit-frame-pointer"))) int gm_cunwind(uintptr_t *out,
-                                                                              int max, int skip) {
+/* __builtin_frame_address(0) makes GCC and Clang keep a frame pointer in
+ * this function; GCC is also told so explicitly. */
+#if defined(__clang__)
+#define KEEP_FRAME_POINTER __attribute__((noinline))
+#else
+#define KEEP_FRAME_POINTER __attribute__((noinline, optimize("no-omit-frame-pointer")))
+#endif
+
+KEEP_FRAME_POINTER int gm_cunwind(uintptr_t *out, int max, int skip) {
     uintptr_t hi = thread_stack_top();
     if (!hi)
         return -1;
