@@ -1,6 +1,7 @@
 """The two Python frame walks of a stack capture (csrc/python/hist_pywalk.h)
-agree: CPython 3.11's direct _PyInterpreterFrame walk, which capture uses
-on 3.11, and the public C API walk, its fallback on every other version.
+agree: the direct _PyInterpreterFrame walk, which capture uses on CPython
+3.11, 3.12 and 3.13 (GIL builds), and the public C API walk, its fallback
+on every other version.
 
 Each test takes both walks from one place (testext.hist_walks, the test-only
 extension compiling the same header) and compares them frame by frame, and
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import sysconfig
 
 import pytest
 
 import testext
 
-DIRECT = sys.version_info[:2] == (3, 11)
+DIRECT = ((3, 11) <= sys.version_info[:2] <= (3, 13)
+          and not sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 
 def interpreter_view(depth: int = 1) -> list:
@@ -111,8 +114,8 @@ def test_exec_and_a_frame_that_raised():
     assert direct == api
 
 
-@pytest.mark.skipif(not DIRECT, reason="the direct walk exists on CPython 3.11 only")
-def test_capture_uses_the_direct_walk_on_311():
+@pytest.mark.skipif(not DIRECT, reason="the direct walk exists on CPython 3.11 to 3.13 only")
+def test_capture_uses_the_direct_walk():
     _, _, used = walks()
     assert used is True
 
@@ -166,13 +169,15 @@ def test_repeated_and_alternating_stacks_keep_their_own_ids():
         history.record_memory_history(None)
 
 
-def test_stacks_captured_without_the_gil_are_the_stacks_of_the_moment():
+@pytest.mark.parametrize("stacks", ["python", "all"])
+def test_stacks_captured_without_the_gil_are_the_stacks_of_the_moment(stacks):
     """The GIL-released path (torch's, around allocations and frees) reuses
     a last stack only when every frame matches: six sites in turn (more
-    than a thread keeps), each capture naming its own site and line."""
+    than a thread keeps), each capture naming its own site and line; with
+    stacks='all' the C frames must match too."""
     from gpumem import _C
     from gpumem.recording import history
-    history.record_memory_history()
+    history.record_memory_history(stacks=stacks)
     try:
         def make_site(k):
             ns = {"cap": testext.hist_capture_without_gil}
@@ -180,16 +185,65 @@ def test_stacks_captured_without_the_gil_are_the_stacks_of_the_moment():
             return ns[f"site_{k}"]
 
         sites = [make_site(k) for k in range(6)]
-        rounds = [[site() for site in sites] for _ in range(3)]
+        # (the interpreter specializes its calls within the first rounds,
+        # which changes their C frames: stacks='all' compares later rounds)
+        rounds = [[site() for site in sites] for _ in range(12)][-3:]
         assert rounds[0] == rounds[1] == rounds[2]
         assert len(set(rounds[0])) == 6
         for k, tb in enumerate(rounds[0]):
-            frames = _C._hist_traceback(tb)
+            frames = [f for f in _C._hist_traceback(tb) if f["line"]]  # Python's
             assert (frames[0]["name"], frames[0]["filename"]) == (f"site_{k}", f"<site {k}>")
         # deeper by one frame: another stack, found without a stale match
         assert (lambda: sites[0]())() not in rounds[0]
         # with the GIL and without it: one id for one stack
         both = [(sites[1](), _C._hist_capture(1)) for _ in range(2)]
         assert both[0] == both[1]
+        if stacks == "all":  # each with its own C frames
+            ca, cb = ([f["name"] for f in _C._hist_traceback(t) if f["line"] == 0]
+                      for t in both[0])
+            assert ca and cb and ca != cb
     finally:
         history.record_memory_history(None)
+
+
+def test_entry_frames_of_calls_from_c():
+    """Python called back from C (an __init__ through type(), a property, a
+    with block's __exit__, a generator driven by yield from and send): on
+    3.12 and 3.13 each such call starts with an entry frame the walks skip."""
+    got = []
+
+    class Obj:
+        def __init__(self):
+            got.append(walks())
+
+        @property
+        def prop(self):
+            got.append(walks())
+            return 1
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            got.append(walks())
+
+    with Obj() as o:
+        assert o.prop == 1
+
+    def inner():
+        x = yield
+        got.append(walks())
+        yield x
+
+    def outer():
+        yield from inner()
+
+    g = outer()
+    next(g)
+    g.send(5)
+    assert len(got) == 4
+    for api, direct, used in got:
+        assert used is DIRECT
+        assert direct == api
+        assert api[1][0].co_name in {"__init__", "prop", "__exit__", "inner"}
+        assert api[-1][0] is interpreter_view(0)[-1][0]  # the outermost frame

@@ -410,6 +410,13 @@ SMOKE = textwrap.dedent(
         t.hist_capture_in_c_thread(1)
         t.hist_capture_without_gil(1)
         t.hist_walk_only(3)
+        # the cached C unwinder, sanitized (ASan's backtrace() interceptor
+        # adds its own frame at the top of backtrace()'s list)
+        cached, bt = t.cunwind_walks()
+        assert cached is None or cached[1:] == bt[len(bt) - len(cached) + 1:], (cached, bt)
+        C._hist_configure(2, 3, True, 1000, True, 0)  # context 'all', stacks 'all'
+        assert C._hist_capture(1) and C._hist_capture(1)
+        C._hist_configure(0, 0, False, 1000, True, 0)
         rec.take()
         print("check:", a.check())
         del dev  # the Allocator keeps it alive

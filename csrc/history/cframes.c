@@ -1,6 +1,7 @@
 /*
- * cframes.c - C return addresses for stacks='all': capture with glibc's
- * backtrace(), symbolize lazily (at snapshot time) with dladdr, or the
+ * cframes.c - C return addresses for stacks='all': capture with the cached
+ * unwinder (cunwind.c), or glibc's backtrace() where it cannot walk a stack;
+ * symbolize lazily (at snapshot time) with dladdr, or the
  * object's symbol table for functions dladdr cannot name (elfsyms.c).
  *
  * Capture stores raw addresses only; symbolization happens once per unique
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cunwind.h"
 #include "hist.h"
 
 typedef char *(*demangle_fn)(const char *, char *, size_t *, int *);
@@ -55,6 +57,11 @@ void gm_cframes_warmup(void) { pthread_once(&warm_once, warm); }
 
 int gm_cframes_capture(uintptr_t *out, int max, int skip) {
     enum { CAP = 256 };
+    /* The cached walk first (Note [Cached unwind]); its first address, like
+     * backtrace()'s, is the return address into this function. */
+    int got = gm_cunwind(out, max, skip + 1);
+    if (got >= 0)
+        return got;
     void *buf[CAP];
     gm_cframes_warmup();
     int want = max + skip + 1; /* +1: this function */

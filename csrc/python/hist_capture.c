@@ -3,7 +3,7 @@
  *
  * gm_hist_capture(level) is called BEFORE any allocator lock is taken. It
  * returns 0 at once unless recording is on at a context level >= `level`.
- * Python frames are read by hist_pywalk.h: CPython 3.11's frame chain
+ * Python frames are read by hist_pywalk.h: CPython 3.11-3.13's frame chain
  * directly, the public C API on every other version. Only (code object, location)
  * pairs are stored; names and lines are resolved at snapshot time. An
  * identical stack costs one hash lookup (intern.c).
@@ -175,22 +175,29 @@ static uint64_t hash_frames(const gm_rawframe_t *py, uint32_t n) {
  *   every frame and a lookup under the intern lock that compares every
  *   frame; and torch releases the GIL around allocations and frees, so a
  *   capture that needs the GIL pays a PyGILState_Ensure/Release round trip.
- * Approach: each thread keeps the Python frames of its last LAST_STACKS
- *   plain captures (no TorchScript or C frames) and their traceback ids; a
- *   walk that yields exactly the same (code, location) pairs as one of them
- *   reuses its id. Ids are never reused (the intern table is never
- *   cleared) and the table keeps a reference to every code object of a
- *   stored traceback, so equal pointers are the same code objects. On 3.11
- *   (the direct walk) a thread that released the GIL walks its frames and
+ * Approach: each thread keeps its last LAST_STACKS captures without
+ *   TorchScript frames: their Python frames, their C frames (stacks='all')
+ *   and, for a thread without Python frames, the backward context they
+ *   were attributed to (Note [Backward context]), with their traceback
+ *   ids; a capture that yields exactly the same (code, location) pairs, C
+ *   addresses and context as one of them reuses its id. Ids are never
+ *   reused (the intern table is never cleared) and the table keeps a
+ *   reference to every code object of a stored traceback, so equal
+ *   pointers are the same code objects. Where the direct walk exists (Note
+ *   [Direct frame walk]) a thread that released the GIL walks its frames and
  *   compares them without taking the GIL back: nothing it reads can change
  *   meanwhile (gm_pywalk_direct_ts), and on a match nothing needs the GIL;
- *   on a miss it takes the GIL and interns the frames it walked.
- * Limitations: stacks deeper than LAST_STACK_MAX frames are not kept. */
+ *   on a miss it takes the GIL and interns the frames it walked. C frames
+ *   are walked without the GIL in any case (cunwind.c).
+ * Limitations: stacks deeper than LAST_STACK_MAX Python frames or
+ *   LAST_STACK_CMAX C frames are not kept. */
 #define LAST_STACK_MAX 48
+#define LAST_STACK_CMAX C_STACK_MAX
 #define LAST_STACKS 4
 typedef struct last_stack {
-    uint32_t n, id;
+    uint32_t n, nc, ctx, id;
     gm_rawframe_t frames[LAST_STACK_MAX];
+    uintptr_t c[LAST_STACK_CMAX];
 } last_stack_t;
 typedef struct last_stacks {
     uint32_t next; /* the entry replaced next (round robin) */
@@ -198,33 +205,48 @@ typedef struct last_stacks {
 } last_stacks_t;
 static _Thread_local last_stacks_t tls_last; /* this thread's; protected by: thread-local */
 
-/* The id of one of this thread's last stacks equal to py[0..npy), or 0.
- * Touches nothing Python: safe without the GIL. */
-static uint32_t last_stack_find(const gm_rawframe_t *py, uint32_t npy) {
+/* The id of one of this thread's last stacks equal to Python frames
+ * py[0..npy), C frames c[0..nc) and context ctx, or 0. Touches nothing
+ * Python: safe without the GIL. */
+static uint32_t last_stack_find(const gm_rawframe_t *py, uint32_t npy, const uintptr_t *c,
+                                uint32_t nc, uint32_t ctx) {
     const last_stacks_t *l = &tls_last;
     for (int i = 0; i < LAST_STACKS; i++) {
         const last_stack_t *e = &l->e[i];
-        if (e->id && e->n == npy && memcmp(e->frames, py, (size_t)npy * sizeof *py) == 0)
+        if (e->id && e->n == npy && e->nc == nc && e->ctx == ctx &&
+            memcmp(e->c, c, (size_t)nc * sizeof *c) == 0 &&
+            memcmp(e->frames, py, (size_t)npy * sizeof *py) == 0)
             return e->id;
     }
     return 0;
 }
 
-/* The id of the Python-only stack py[0..npy), npy > 0. The caller holds
- * the GIL (new code objects get retained). */
-static uint32_t intern_python_stack(const gm_rawframe_t *py, uint32_t npy) {
-    uint32_t id = last_stack_find(py, npy);
+static void last_stack_keep(const gm_rawframe_t *py, uint32_t npy, const uintptr_t *c,
+                            uint32_t nc, uint32_t ctx, uint32_t id) {
+    if (!id || npy > LAST_STACK_MAX || nc > LAST_STACK_CMAX)
+        return;
+    last_stacks_t *l = &tls_last;
+    last_stack_t *e = &l->e[l->next];
+    l->next = (l->next + 1) % LAST_STACKS;
+    if (npy)
+        memcpy(e->frames, py, (size_t)npy * sizeof *py);
+    if (nc)
+        memcpy(e->c, c, (size_t)nc * sizeof *c);
+    e->n = npy;
+    e->nc = nc;
+    e->ctx = ctx;
+    e->id = id;
+}
+
+/* The id of the stack of Python frames py[0..npy) (npy > 0) and C frames
+ * c[0..nc). The caller holds the GIL (new code objects get retained). */
+static uint32_t intern_stack(const gm_rawframe_t *py, uint32_t npy, const uintptr_t *c,
+                             uint32_t nc) {
+    uint32_t id = last_stack_find(py, npy, c, nc, 0);
     if (id)
         return id;
-    id = gm_intern_traceback_hashed(py, npy, hash_frames(py, npy), NULL, 0);
-    if (id && npy <= LAST_STACK_MAX) {
-        last_stacks_t *l = &tls_last;
-        last_stack_t *e = &l->e[l->next];
-        l->next = (l->next + 1) % LAST_STACKS;
-        memcpy(e->frames, py, (size_t)npy * sizeof *py);
-        e->n = npy;
-        e->id = id;
-    }
+    id = gm_intern_traceback_hashed(py, npy, hash_frames(py, npy), c, nc);
+    last_stack_keep(py, npy, c, nc, 0, id);
     return id;
 }
 
@@ -246,14 +268,19 @@ static _Atomic uint32_t backward_ctx;
  * frames (nc may be 0) under the backward context, if one is set. */
 static uint32_t without_python_frames(const uintptr_t *c, uint32_t nc) {
     uint32_t ctx = atomic_load(&backward_ctx);
-    if (!ctx)
-        return gm_intern_traceback(NULL, 0, c, nc);
-    if (nc == 0)
+    if (ctx && nc == 0)
         return ctx;
+    uint32_t id = nc ? last_stack_find(NULL, 0, c, nc, ctx) : 0; /* Note [Last stack] */
+    if (id)
+        return id;
     gm_tb_view_t v;
-    if (gm_intern_tb_view(ctx, &v))
-        return gm_intern_traceback(NULL, 0, c, nc);
-    return gm_intern_traceback(v.raw, v.npy, c, nc);
+    if (!ctx || gm_intern_tb_view(ctx, &v))
+        id = gm_intern_traceback(NULL, 0, c, nc);
+    else
+        id = gm_intern_traceback(v.raw, v.npy, c, nc);
+    if (nc)
+        last_stack_keep(NULL, 0, c, nc, ctx, id);
+    return id;
 }
 
 /* Intern lead[0..nlead) (TorchScript frames, innermost) followed by the
@@ -296,7 +323,7 @@ static uint32_t capture(int level, const gm_rawframe_t *lead, uint32_t nlead) {
             have_gil = 1; /* walking our own frames never waits */
         } else {
 #if GM_PYWALK_DIRECT
-            if (use_direct_walk && !nlead && !nc) {
+            if (use_direct_walk && !nlead) {
                 /* One of the last stacks again needs no GIL (Note [Last
                  * stack]); the frames walked stay valid if it is taken. */
                 gm_pywalk_buf_t b = {py, cap, inline_buf};
@@ -304,7 +331,7 @@ static uint32_t capture(int level, const gm_rawframe_t *lead, uint32_t nlead) {
                 py = b.buf;
                 cap = b.cap;
                 walked = 1;
-                uint32_t same = npy ? last_stack_find(py, npy) : 0;
+                uint32_t same = npy ? last_stack_find(py, npy, cbuf, nc, 0) : 0;
                 if (same) {
                     if (py != inline_buf)
                         free(py);
@@ -324,7 +351,7 @@ static uint32_t capture(int level, const gm_rawframe_t *lead, uint32_t nlead) {
             npy = walk_frames(&py, &cap, inline_buf);
         npy = drop_own_frames(py, npy); /* before interning or keeping it as a last stack */
         /* Interned with the GIL held: new code objects get retained. */
-        id = npy && !nlead && !nc ? intern_python_stack(py, npy)
+        id = npy && !nlead ? intern_stack(py, npy, cbuf, nc)
              : npy ? intern_with_lead(lead, nlead, py, npy, hash_frames(py, npy), cbuf, nc)
              : nlead ? gm_intern_traceback(lead, nlead, cbuf, nc)
                      : without_python_frames(cbuf, nc);

@@ -55,6 +55,8 @@ SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
             "-fno-omit-frame-pointer", "-O1")
 # The virtual device's sources (csrc/device/).
 VDEV_SOURCES = ("vdev.c", "vdev_call.c", "vdev_memory.c")
+# The cached C unwinder (csrc/history/), compared with backtrace() here.
+CUNWIND_SOURCES = ("cfi.c", "cunwind.c")
 # Headers of these layers can be included by the sources (directly or not).
 HEADER_LAYERS = ("base", "device", "core", "history", "python")
 
@@ -85,11 +87,12 @@ def _compiler_version(exe: str) -> str:
 
 
 def sources(ext_dir: Union[str, os.PathLike, None] = None) -> list:
-    """The .c files of one build: base, the virtual device, then tests/ext."""
+    """The .c files of one build: base, the virtual device, the cached unwinder, then tests/ext."""
     ext_dir = Path(ext_dir or HERE)
     native = [Path(p) for p in _layers().sources("base", root=str(CSRC))]
     vdev = [CSRC / "device" / name for name in VDEV_SOURCES]
-    return native + vdev + sorted(ext_dir.glob("*.c"))
+    cunwind = [CSRC / "history" / name for name in CUNWIND_SOURCES]
+    return native + vdev + cunwind + sorted(ext_dir.glob("*.c"))
 
 
 def _headers(ext_dir: Path) -> list:

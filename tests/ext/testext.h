@@ -27,6 +27,7 @@ extern const gm_hist_api_t *tx_hist;
 int tx_virtual_device_init(PyObject *module);
 int tx_bench_init(PyObject *module);
 int tx_hist_threads_init(PyObject *module);
+int tx_cunwind_init(PyObject *module);
 int tx_trace_recorder_init(PyObject *module);
 
 #endif /* GM_TESTEXT_H */

@@ -44,7 +44,7 @@ PyMODINIT_FUNC PyInit__testext(void) {
     if (!m)
         return NULL;
     if (tx_virtual_device_init(m) < 0 || tx_bench_init(m) < 0 || tx_hist_threads_init(m) < 0 ||
-        tx_trace_recorder_init(m) < 0) {
+        tx_trace_recorder_init(m) < 0 || tx_cunwind_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }
