@@ -56,6 +56,14 @@
 #define GM_TORCH_USER_METADATA GM_TORCH_AT_LEAST(2, 10)
 /* recordHistory's skip_actions and snapshot's include_traces. */
 #define GM_TORCH_HISTORY_SKIP_ACTIONS GM_TORCH_AT_LEAST(2, 11)
+/* Trace entries name their MemPool (the snapshot's pool_id key): 2.12.1's
+ * torch/cuda/memory.py documents it on TraceEntry, 2.11.0's does not, and
+ * the snapshots of 2.10.0 and 2.11.0 have no such key. */
+#define GM_TORCH_TRACE_POOL_ID GM_TORCH_AT_LEAST(2, 12)
+/* History of pinned host memory: _record_memory_history's
+ * record_pinned_host_memory and record_cuda, and the snapshot's host_segments
+ * and host_traces (in 2.14.1's torch/cuda/memory.py, not in 2.13.0's). */
+#define GM_TORCH_HOST_HISTORY GM_TORCH_AT_LEAST(2, 14)
 /* supportsUserMetadata and annotateMemory. */
 #define GM_TORCH_ANNOTATE_MEMORY GM_TORCH_AT_LEAST(2, 14)
 
