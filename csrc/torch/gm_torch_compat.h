@@ -67,15 +67,14 @@
 /* supportsUserMetadata and annotateMemory. */
 #define GM_TORCH_ANNOTATE_MEMORY GM_TORCH_AT_LEAST(2, 14)
 
-/* The OOM message's hint, word for word from each release's libc10_cuda.so:
- * 2.6.0 names PYTORCH_CUDA_ALLOC_CONF, 2.10.0 PYTORCH_ALLOC_CONF (the
- * generic variable, read from 2.9 on), 2.14.1 PYTORCH_CUDA_ALLOC_CONF again;
- * both older ones link https://pytorch.org/docs/stable/notes/cuda.html#
- * environment-variables, 2.14.1 the docs.pytorch.org page. The releases
- * between were not read: the switches put the change of variable with the
- * generic config (2.9) and both changes back at 2.14. */
-#define GM_TORCH_OOM_HINT_GENERIC_VAR (GM_TORCH_AT_LEAST(2, 9) && !GM_TORCH_AT_LEAST(2, 14))
-#define GM_TORCH_OOM_HINT_NEW_DOCS GM_TORCH_AT_LEAST(2, 14)
+/* The OOM message's hint, word for word from each release's libc10_cuda.so
+ * (read in 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.10.0, 2.11.0, 2.12.1 and 2.14.1;
+ * 2.13 is taken to follow 2.12 and 2.14): only 2.10 names
+ * PYTORCH_ALLOC_CONF, every other release PYTORCH_CUDA_ALLOC_CONF; up to
+ * 2.10 it links https://pytorch.org/docs/stable/notes/cuda.html#
+ * environment-variables, from 2.11 the docs.pytorch.org page. */
+#define GM_TORCH_OOM_HINT_GENERIC_VAR (GM_TORCH_AT_LEAST(2, 10) && !GM_TORCH_AT_LEAST(2, 11))
+#define GM_TORCH_OOM_HINT_NEW_DOCS GM_TORCH_AT_LEAST(2, 11)
 
 /* attachOomRejectionObserver and DeviceStats::num_oom_rejections. */
 #define GM_TORCH_OOM_REJECTION GM_TORCH_AT_LEAST(2, 12)
