@@ -24,8 +24,8 @@ from typing import Any
 from gpumem.pytorch import shim_state as _shim_state
 
 __all__ = ["interfaces", "record_history_params", "c_record_history_arity",
-           "memory_snapshot_params", "check_call", "check_c_record_history_call", "check_c_snapshot_call",
-           "shape_snapshot"]
+           "memory_snapshot_params", "check_call", "check_c_record_history_call",
+           "check_c_snapshot_call", "shape_snapshot"]
 
 # torch.cuda.memory._record_memory_history's parameters in order; each
 # release has a prefix of them (the switch that adds a group, or None).
@@ -45,7 +45,8 @@ def interfaces(shim: Any = None) -> dict[str, bool]:
     shim = shim if shim is not None else _shim_state.loaded()
     report = getattr(shim, "interfaces", None) if shim is not None else None
     if report is None:
-        names = {n for n, _ in _PARAMS + _TRACE_KEYS + _TOP_KEYS if n} | {"mempool_api", "accel_config"}
+        names = {n for n, _ in _PARAMS + _TRACE_KEYS + _TOP_KEYS if n}
+        names |= {"mempool_api", "accel_config"}
         return {n: True for n in names}
     return dict(report())
 

@@ -242,7 +242,8 @@ def _record_memory_history_impl(
     _follow_compile_contexts(enabled is not None and compile_context)
 
 
-_record_memory_history.__signature__ = inspect.signature(_record_memory_history_impl)  # type: ignore[attr-defined]
+_record_memory_history.__signature__ = (  # type: ignore[attr-defined]
+    inspect.signature(_record_memory_history_impl))
 
 
 def _record_memory_history_legacy(
