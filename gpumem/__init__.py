@@ -32,7 +32,7 @@ GPU's launcher), checkup (gpumem doctor); the rest are shared leaves.
       pytorch.shim_build, checkup.cudadriver, sim.gpus, sim.torchrun, sim.torch_cuda,
       sim.config_key, sim.boundary, sim.world_rank
   categories.report, categories.tagger, snapshots.unpickle, checkup.selftest, sim,
-      sim.knob
+      sim.knob, pytorch.release
   snapshots.sites, recording.history, sim.rank_report, sim.__main__,
       sim.world
   snapshots.timeline, recording.oom, pytorch.stats

@@ -56,18 +56,25 @@
 #define GM_TORCH_USER_METADATA GM_TORCH_AT_LEAST(2, 10)
 /* recordHistory's skip_actions and snapshot's include_traces. */
 #define GM_TORCH_HISTORY_SKIP_ACTIONS GM_TORCH_AT_LEAST(2, 11)
+/* Trace entries name their MemPool (the snapshot's pool_id key): 2.12.1's
+ * torch/cuda/memory.py documents it on TraceEntry, 2.11.0's does not, and
+ * the snapshots of 2.10.0 and 2.11.0 have no such key. */
+#define GM_TORCH_TRACE_POOL_ID GM_TORCH_AT_LEAST(2, 12)
+/* History of pinned host memory: _record_memory_history's
+ * record_pinned_host_memory and record_cuda, and the snapshot's host_segments
+ * and host_traces (in 2.14.1's torch/cuda/memory.py, not in 2.13.0's). */
+#define GM_TORCH_HOST_HISTORY GM_TORCH_AT_LEAST(2, 14)
 /* supportsUserMetadata and annotateMemory. */
 #define GM_TORCH_ANNOTATE_MEMORY GM_TORCH_AT_LEAST(2, 14)
 
-/* The OOM message's hint, word for word from each release's libc10_cuda.so:
- * 2.6.0 names PYTORCH_CUDA_ALLOC_CONF, 2.10.0 PYTORCH_ALLOC_CONF (the
- * generic variable, read from 2.9 on), 2.14.1 PYTORCH_CUDA_ALLOC_CONF again;
- * both older ones link https://pytorch.org/docs/stable/notes/cuda.html#
- * environment-variables, 2.14.1 the docs.pytorch.org page. The releases
- * between were not read: the switches put the change of variable with the
- * generic config (2.9) and both changes back at 2.14. */
-#define GM_TORCH_OOM_HINT_GENERIC_VAR (GM_TORCH_AT_LEAST(2, 9) && !GM_TORCH_AT_LEAST(2, 14))
-#define GM_TORCH_OOM_HINT_NEW_DOCS GM_TORCH_AT_LEAST(2, 14)
+/* The OOM message's hint, word for word from each release's libc10_cuda.so
+ * (read in 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.10.0, 2.11.0, 2.12.1 and 2.14.1;
+ * 2.13 is taken to follow 2.12 and 2.14): only 2.10 names
+ * PYTORCH_ALLOC_CONF, every other release PYTORCH_CUDA_ALLOC_CONF; up to
+ * 2.10 it links https://pytorch.org/docs/stable/notes/cuda.html#
+ * environment-variables, from 2.11 the docs.pytorch.org page. */
+#define GM_TORCH_OOM_HINT_GENERIC_VAR (GM_TORCH_AT_LEAST(2, 10) && !GM_TORCH_AT_LEAST(2, 11))
+#define GM_TORCH_OOM_HINT_NEW_DOCS GM_TORCH_AT_LEAST(2, 11)
 
 /* A failing NVML call leaves the OOM message's process sentences out with
  * a warning (2.14.1's libc10_cuda.so); 2.6.0 to 2.12.1 assert instead.

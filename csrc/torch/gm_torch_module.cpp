@@ -259,6 +259,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return d;
   });
 
+  m.def("interfaces", []() {
+    /* The memory-history interfaces of the torch built against
+     * (gm_torch_compat.h), for the Python side (gpumem.pytorch.release). */
+    py::dict d;
+    d["accel_config"] = static_cast<bool>(GM_TORCH_ACCEL_CONFIG);
+    d["mempool_api"] = static_cast<bool>(GM_TORCH_MEMPOOL_API);
+    d["history_clear"] = static_cast<bool>(GM_TORCH_HISTORY_CLEAR);
+    d["compile_context"] = static_cast<bool>(GM_TORCH_COMPILE_CONTEXT);
+    d["user_metadata"] = static_cast<bool>(GM_TORCH_USER_METADATA);
+    d["skip_actions"] = static_cast<bool>(GM_TORCH_HISTORY_SKIP_ACTIONS);
+    d["trace_pool_id"] = static_cast<bool>(GM_TORCH_TRACE_POOL_ID);
+    d["host_history"] = static_cast<bool>(GM_TORCH_HOST_HISTORY);
+    return d;
+  });
+
   m.def(
       "create",
       [](py::object settings) {

@@ -41,6 +41,7 @@ import threading
 from typing import Any, Mapping, Optional
 
 from gpumem.recording import oom as _oom
+from gpumem.pytorch import release as _release
 from gpumem.pytorch import shim_state as _shim_state
 from gpumem._conf import ConfError, TORCH_ONLY_KEYS as _TORCH_KEY_KINDS, parse_conf
 from gpumem.pytorch.shim_state import is_installed, shim
@@ -96,14 +97,37 @@ _CONF_VARS = ("GPUMEM_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CON
 
 def _check_conf(var: str, text: str) -> dict:
     """gpumem's one settings check (Note [One settings check] in gpumem._conf)
-    of ``text`` from ``var``: its settings dict, or AllocConfError."""
+    of ``text`` from ``var``: its settings dict, or AllocConfError (its
+    ``variable`` attribute names var)."""
     try:
         return parse_conf(text)
     except ConfError as e:
         why = ("" if var == "GPUMEM_ALLOC_CONF" else
                " for gpumem, which takes its settings from it when GPUMEM_ALLOC_CONF "
                "is not set")
-        raise AllocConfError(f"{var}={_short(text)!r} is invalid{why}: {e}") from None
+        err = AllocConfError(f"{var}={_short(text)!r} is invalid{why}: {e}")
+        err.variable = var
+        raise err from None
+
+
+def _settings_refusal() -> Optional[AllocConfError]:
+    """gpumem's settings check of the variables install() reads, before
+    torch's parser sees them: the refusal, or None."""
+    try:
+        _read_settings()
+    except AllocConfError as e:
+        return e
+    return None
+
+
+def _torch_words_first(mod, refused: AllocConfError) -> bool:
+    """Whether torch's parser is asked before gpumem's refusal is raised:
+    on a release whose allocator settings have no device-generic parser
+    (before 2.9), a torch variable that torch refuses is refused in that
+    release's words, as its own allocator refuses it; gpumem's variable
+    (GPUMEM_ALLOC_CONF) always gets gpumem's."""
+    return (getattr(refused, "variable", "") != "GPUMEM_ALLOC_CONF"
+            and not _release.interfaces(mod)["accel_config"])
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -243,7 +267,7 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
         if _shim_state.loaded() is None:
             torch = _import_torch()
             _check_oom_recording()  # refused before anything is swapped in
-            _read_settings()  # gpumem's settings check: torch's parser sees no string it refuses
+            refused = _settings_refusal()
             from gpumem.pytorch import shim_build as _shim_build
             loaded = sys.modules.get(_shim_build.MODULE_NAME)
             if torch.cuda.is_initialized() and not (loaded and loaded.is_current()):
@@ -252,7 +276,11 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
                 mod = _shim_build.load()
             except _shim_build.ShimBuildError as e:
                 raise InstallError(f"gpumem.install(): {e}") from e
+            if refused is not None and not _torch_words_first(mod, refused):
+                raise refused
             settings, source = _torch_settings(mod)
+            if refused is not None:
+                raise refused  # what torch's parser takes and gpumem cannot
             if not mod.is_current():
                 if torch.cuda.is_initialized():
                     raise _not_initialised_error()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from gpumem.pytorch import release as _release
 from gpumem.pytorch.shim_state import shim as _shim
 
 __all__ = ["memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
@@ -130,12 +131,18 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
     return shim.memory_fraction(_index(device))
 
 
-def memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list:
-    """torch.cuda.memory_snapshot: the segment list of gpumem's snapshot (all devices).
+def memory_snapshot(*args: Any, **kwargs: Any) -> list:
+    """torch.cuda.memory_snapshot: the segment list of gpumem's snapshot (all
+    devices), with the parameters of the torch release gpumem is installed in
+    (gpumem.pytorch.release: none before 2.8, mempool_id from 2.8,
+    include_traces from 2.11); the rest as _memory_snapshot."""
+    _release.check_call("memory_snapshot", _release.memory_snapshot_params(), args, kwargs)
+    return _memory_snapshot(*args, **kwargs)
 
-    With a ``mempool_id`` other than (0, 0) (torch.cuda.MemPool.snapshot()),
-    only the segments of that private pool, as torch returns them.
-    """
+
+def _memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list:
+    """With a ``mempool_id`` other than (0, 0) (torch.cuda.MemPool.snapshot()),
+    only the segments of that private pool, as torch returns them."""
     _shim()
     from gpumem.recording.history import snapshot
     segments = snapshot()["segments"]

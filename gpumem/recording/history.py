@@ -18,12 +18,14 @@ identical tracebacks are the same Python objects, so pickle stores each once.
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 import sys
 from typing import Any
 
 from gpumem import _C, _sampling
+from gpumem.pytorch import release as _release
 from gpumem.pytorch import shim_state as _shim_state
 from gpumem.categories import tagger as _categories
 from gpumem._atomic import write_atomic
@@ -184,7 +186,21 @@ def _follow_compile_contexts(enabled: bool) -> None:
         shim.set_compile_contexts(bool(enabled))
 
 
-def _record_memory_history(
+def _record_memory_history(*args: Any, **kwargs: Any) -> None:
+    """torch.cuda.memory._record_memory_history, with the signature of the
+    torch release gpumem is installed in (torch 2.14's without torch): an
+    argument that release does not take raises the TypeError torch's
+    function raises (gpumem.pytorch.release); categories and sample are
+    gpumem's, taken on every release. The rest as _record_memory_history_impl.
+    """
+    enabled = args[0] if args else kwargs.get("enabled", "all")
+    if not isinstance(enabled, bool):  # torch's legacy form has its own arguments
+        _release.check_call("_record_memory_history_impl", _release.record_history_params(),
+                            args, kwargs, ("categories", "sample"))
+    _record_memory_history_impl(*args, **kwargs)
+
+
+def _record_memory_history_impl(
     enabled: Any = "all",
     context: str | None = "all",
     stacks: str = "all",
@@ -224,6 +240,10 @@ def _record_memory_history(
     if global_record_annotations and enabled is not None:
         _follow_annotations(True, True)
     _follow_compile_contexts(enabled is not None and compile_context)
+
+
+_record_memory_history.__signature__ = (  # type: ignore[attr-defined]
+    inspect.signature(_record_memory_history_impl))
 
 
 def _record_memory_history_legacy(
@@ -306,6 +326,7 @@ def _take(clamp: bool, augment_with_fx_traces: bool) -> dict:
         "host_segments": [],  # gpumem does not manage pinned host memory
         "host_traces": [],
     }
+    _release.shape_snapshot(snap)  # the keys of the torch release's snapshot
     sampled = _sample_in_force(_C._hist_config())
     if sampled:
         snap[_sampling.SNAPSHOT_KEY] = sampled
@@ -418,17 +439,14 @@ def _allocation_traceback(data_ptr: int) -> list | None:
 # torch._C's entry points, with their positional arguments (torch/cuda/memory.py
 # calls them so; some code calls them directly).
 
-def _cuda_record_memory_history(enabled: Any, context: Any = "all", stacks: str = "all",
-                                max_entries: int = sys.maxsize, clear_history: bool = False,
-                                compile_context: bool = False,
-                                global_record_annotations: bool = False,
-                                skip_actions: list[str] | None = None,
-                                record_pinned_host_memory: bool = False,
-                                record_cuda: bool = True) -> None:
-    """torch._C._cuda_record_memory_history."""
-    _record_memory_history(enabled, context, stacks, max_entries, None, clear_history,
-                           compile_context, global_record_annotations, skip_actions or None,
-                           record_pinned_host_memory, record_cuda)
+def _cuda_record_memory_history(*args: Any) -> None:
+    """torch._C._cuda_record_memory_history: as many positional arguments as
+    the torch release's takes (gpumem.pytorch.release), in its order."""
+    _release.check_c_record_history_call(args)
+    names = [n for n in _release.record_history_params() if n != "device"]
+    kw = dict(zip(names, args))
+    kw["skip_actions"] = kw.get("skip_actions") or None
+    _record_memory_history_impl(**kw)
 
 
 def _cuda_record_memory_history_legacy(enabled: bool, record_context: bool = True,
@@ -442,9 +460,12 @@ def _cuda_record_memory_history_legacy(enabled: bool, record_context: bool = Tru
                                   clear_history)
 
 
-def _cuda_memory_snapshot(arg: Any = None) -> dict:
-    """torch._C._cuda_memorySnapshot(None | (pool id) | (pool id, include_traces))."""
+def _cuda_memory_snapshot(*args: Any) -> dict:
+    """torch._C._cuda_memorySnapshot: no argument before torch 2.8; from then
+    on one, None | (pool id) | (pool id, include_traces) (2.11 on)."""
+    _release.check_c_snapshot_call(args)
     snap = snapshot()
+    arg = args[0] if args else None
     if arg is None:
         return snap
     pool = tuple(arg[:2])

@@ -34,7 +34,10 @@ def _extension():
     if _ext is None:
         from torch.utils.cpp_extension import load_inline
         here = os.path.dirname(os.path.abspath(__file__))
-        build = os.path.join(here, "..", "..", "build", "conformance-cpp-ext")
+        # one build per torch: an extension built against another release
+        # does not load (undefined symbols)
+        build = os.path.join(here, "..", "..", "build",
+                             f"conformance-cpp-ext-{torch_mod().__version__}")
         os.makedirs(build, exist_ok=True)
         # the history entry points live in libtorch_cuda: linked by name,
         # since with_cuda would also ask for the CUDA toolkit's libcudart

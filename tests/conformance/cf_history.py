@@ -5,8 +5,8 @@ legacy form, metadata)."""
 
 import json
 
-from harness import (blocks, empty, frame_names, needs, recording, settle, since, torch_mod,
-                     trace)
+from harness import (at_least, blocks, empty, frame_names, needs, recording, settle, since,
+                     torch_mod, trace)
 
 CONTEXTS = (None, "state", "alloc", "all")
 
@@ -228,6 +228,7 @@ def check_clear_history():
     del x, y
 
 
+@since("2.11", "_record_memory_history(skip_actions=...)")
 def check_skip_actions():
     torch = torch_mod()
     for skip in (["free_requested"], ["free_requested", "free_completed"], ["alloc"],
@@ -249,6 +250,28 @@ def check_skip_actions():
         pass
     finally:
         torch.cuda.memory._record_memory_history(None)
+
+
+# _record_memory_history's keywords and the release that added each
+# (torch/cuda/memory.py of 2.6.0, 2.8.0, 2.11.0 and 2.14.1).
+KEYWORDS_SINCE = {"clear_history": (False, "2.8"), "compile_context": (False, "2.8"),
+                  "global_record_annotations": (False, "2.8"), "skip_actions": ([], "2.11"),
+                  "record_cuda": (True, "2.14")}
+
+
+def check_keywords_of_the_release():
+    # a keyword the release has is taken; one it lacks is a TypeError, as for torch's
+    torch = torch_mod()
+    for name, (value, release) in KEYWORDS_SINCE.items():
+        try:
+            torch.cuda.memory._record_memory_history("all", **{name: value})
+            took = True
+        except TypeError as e:
+            took = False
+            assert name in str(e), str(e)
+        finally:
+            torch.cuda.memory._record_memory_history(None)
+        assert took == at_least(release), (name, took)
 
 
 def check_bad_arguments():

@@ -15,12 +15,14 @@ SIZE = r"(?:\d+ bytes|\d+\.\d\d [KMG]iB)"
 
 def _hint() -> str:
     """The end of torch's message, which names a variable and a page that
-    depend on the release (read in each one's libc10_cuda.so: 2.6.0, 2.10.0,
-    2.14.1; the releases between are assumed to follow the nearest)."""
+    depend on the release (read in each one's libc10_cuda.so: 2.6.0, 2.7.1,
+    2.8.0, 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.14.1; 2.13 is assumed to follow
+    2.12 and 2.14): only 2.10 names PYTORCH_ALLOC_CONF, and 2.11 on link
+    docs.pytorch.org's page."""
     release = torch_release()
-    var = "PYTORCH_ALLOC_CONF" if (2, 9) <= release < (2, 14) else "PYTORCH_CUDA_ALLOC_CONF"
+    var = "PYTORCH_ALLOC_CONF" if release == (2, 10) else "PYTORCH_CUDA_ALLOC_CONF"
     docs = (r"https://docs\.pytorch\.org/docs/stable/notes/cuda\.html#optimizing-memory-usage-"
-            r"with-pytorch-cuda-alloc-conf" if release >= (2, 14) else
+            r"with-pytorch-cuda-alloc-conf" if release >= (2, 11) else
             r"https://pytorch\.org/docs/stable/notes/cuda\.html#environment-variables")
     return (rf"try setting {var}=expandable_segments:True to avoid fragmentation\.  See "
             rf"documentation for Memory Management  \({docs}\)$")

@@ -93,6 +93,11 @@ def torch_release() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def at_least(release: str) -> bool:
+    """True when the torch imported is release ("2.8") or newer."""
+    return torch_release() >= tuple(int(p) for p in release.split("."))
+
+
 def older_than(release: str, what: str) -> str | None:
     """Why this torch lacks what (it is older than release), or None."""
     want = tuple(int(p) for p in release.split("."))
