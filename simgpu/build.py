@@ -286,7 +286,7 @@ def build_libcuda(out_dir: Union[str, os.PathLike], extra_flags: Iterable[str] =
     info = json.loads(stamp.read_text())
     if info.get("cuda_include", "?") != (str(inc) if inc else None):
         info["cuda_include"] = str(inc) if inc else None
-        stamp.write_text(json.dumps(info, indent=1))
+        _write_if_changed(stamp, json.dumps(info, indent=1))   # atomic: readers in other processes
     return target
 
 

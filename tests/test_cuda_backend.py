@@ -32,9 +32,9 @@ BACKEND_ENTRY_POINTS = [
 
 
 @pytest.fixture(scope="session")
-def fake_libcuda(tmp_path_factory):
-    try:
-        return str(build_fakecuda(tmp_path_factory.mktemp("fakecuda")))
+def fake_libcuda():
+    try:   # rebuilt only when its sources or flags changed
+        return str(build_fakecuda(os.path.join(ROOT, "build", "test-fakecuda", "auto")))
     except Exception as e:  # no compiler
         pytest.skip("cannot build the fake libcuda: %s" % e)
 

@@ -21,6 +21,7 @@ def no_driver_env() -> dict:
     return env
 
 
+@pytest.mark.slow  # a pytest run of tests/gpu (2 s)
 def test_without_a_gpu_every_test_is_skipped_with_the_reason():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                            "tests/gpu"], capture_output=True, text=True, cwd=ROOT,

@@ -244,6 +244,7 @@ def test_a_recovered_oom_is_not_a_plain_no_and_its_snapshot_is_named_once(tmp_pa
     assert said == 1, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # a torch run; the fast tier keeps the other simulate runs
 def test_memory_in_decimal_units_reads_as_such(tmp_path):
     built_shim()
     proc = run_simulate(tmp_path, "import torch; x = torch.ones(4, device='cuda')\n",

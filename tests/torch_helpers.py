@@ -93,6 +93,15 @@ def last_json(out: str) -> Any:
     return json.loads(lines[-1])
 
 
+# Ends every snippet: torch's autograd device thread may drop its last
+# GraphTask while the interpreter finalizes and abort the process ("terminate
+# called without an active exception", simgpu/README.md, Limitations) when it
+# exits right after backward(); a short pause lets the thread finish first.
+# Seen in a loaded full-suite run (test_torch_expandable.py, after its result
+# was printed).
+SETTLE = "\nimport time as _settle_time\n_settle_time.sleep(0.1)\n"
+
+
 def run_gm(code: str, *, prelude: str = "", install: bool = True, events: Optional[str] = None,
            memory: str = "80GiB", devices: int = 1, env: Optional[dict] = None,
            timeout: float = 300, expect_rc: int = 0) -> Any:
@@ -104,7 +113,7 @@ def run_gm(code: str, *, prelude: str = "", install: bool = True, events: Option
     built_shim()
     from gpumem import sim
     head = "import torch, gpumem\n" + ("gpumem.install()\n" if install else "")
-    body = REPORT + head + prelude + textwrap.dedent(code)
+    body = REPORT + head + prelude + textwrap.dedent(code) + SETTLE
     rc, out, err = sim.run_snippet(body, memory=memory, devices=devices, events=events,
                                    env=_env(env), timeout=timeout)
     assert rc == expect_rc, (f"exit status {rc}\n--- stdout\n{out[-3000:]}\n"

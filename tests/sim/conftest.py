@@ -1,7 +1,8 @@
 """Shared fixtures of the simulated GPU's tests (simgpu/, tests/sim/).
 
 fakecuda: build(variant="fallback") -> the fake driver libcuda.so.1, built
-    once per session and variant: "fallback" compiles it against
+    into build/test-fakecuda/<variant> (git-ignored) when its sources or
+    flags changed, so a warm run compiles nothing: "fallback" compiles it against
     simgpu/driver/cuda_min.h, "cuda_h" against NVIDIA's cuda.h (skips where
     that is not installed), "auto" takes cuda.h where there is one.
 
@@ -14,11 +15,12 @@ tests/sim/driver_helpers.py (the fake driver's build and scenario runner).
 import pytest
 
 from driver_helpers import CUDA_INCLUDE, fcbuild
+from sim_helpers import ROOT
 
 
 @pytest.fixture(scope="session")
-def fakecuda(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fakecuda")
+def fakecuda():
+    root = ROOT / "build" / "test-fakecuda"
     built = {}
 
     def build(variant="fallback"):
