@@ -44,6 +44,7 @@ comparison.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -66,11 +67,13 @@ def ffn_dim(dim: int) -> int:
     return 14336 * dim // 4096
 
 
-def param_shapes(layers: int, dim: int, heads: int = HEADS):
-    """Every parameter's shape, in the model's order (the arithmetic's input)."""
+def param_shapes(layers: int, dim: int, heads: int = HEADS, ffn: int = 0):
+    """Every parameter's shape, in the model's order (the arithmetic's input);
+    ffn: the SwiGLU hidden size (default ffn_dim(dim))."""
     kv = dim * KV_HEADS // heads
+    ffn = ffn or ffn_dim(dim)
     block = [(dim, dim), (kv, dim), (kv, dim), (dim, dim),          # wq wk wv wo
-             (ffn_dim(dim), dim), (ffn_dim(dim), dim), (dim, ffn_dim(dim)),  # w1 w3 w2
+             (ffn, dim), (ffn, dim), (dim, ffn),                     # w1 w3 w2
              (dim,), (dim,)]                                         # two RMSNorms
     return [(VOCAB, dim)] + block * layers + [(dim,), (VOCAB, dim)]
 
@@ -92,6 +95,40 @@ def unique_bytes(tensors) -> int:
     return sum(seen.values())
 
 
+def tensor_parallel(model, world: int, tp: int):
+    """torchtitan's tensor parallel plan with sequence parallel and a sharded
+    loss, over the inner dimension of a (world // tp, tp) mesh: the embedding
+    row-wise into sequence shards, RMSNorms sequence-parallel, attention's
+    and the MLP's inputs gathered once each (PrepareModuleInput), wq/wk/wv
+    and w1/w3 column-wise, wo and w2 row-wise back into sequence shards, the
+    output column-wise with its logits left sharded for loss_parallel.
+    Returns the data-parallel mesh that FSDP2 shards over and loss_parallel
+    (the context the loss and backward run in)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel,
+                                                   loss_parallel, parallelize_module)
+    if world % tp:
+        raise SystemExit(f"fsdp_scale: --tp {tp} does not divide the world size {world}")
+    mesh = init_device_mesh("cuda", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], {
+        "emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "out": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                               use_local_output=False)})
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    for blk in model.blocks:
+        parallelize_module(blk, mesh["tp"], {
+            "n1": SequenceParallel(), "attn": gather,
+            "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(),
+            "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "n2": SequenceParallel(), "ffn": gather,
+            "ffn.w1": ColwiseParallel(), "ffn.w3": ColwiseParallel(),
+            "ffn.w2": RowwiseParallel(output_layouts=Shard(1))})
+    return mesh["dp"], loss_parallel
+
+
 def worker(args) -> None:
     import torch
     import torch.nn as nn
@@ -106,27 +143,42 @@ def worker(args) -> None:
     world = dist.get_world_size()
     dim, heads = args.dim, args.heads
     kv = dim * KV_HEADS // heads
+    ffn, head_dim = args.ffn or ffn_dim(dim), dim // heads
 
-    class Block(nn.Module):
+    class Attention(nn.Module):
         def __init__(self):
             super().__init__()
             self.wq, self.wk = nn.Linear(dim, dim, bias=False), nn.Linear(dim, kv, bias=False)
             self.wv, self.wo = nn.Linear(dim, kv, bias=False), nn.Linear(dim, dim, bias=False)
-            self.w1 = nn.Linear(dim, ffn_dim(dim), bias=False)
-            self.w3 = nn.Linear(dim, ffn_dim(dim), bias=False)
-            self.w2 = nn.Linear(ffn_dim(dim), dim, bias=False)
+
+        def forward(self, h):
+            # -1 heads: under tensor parallel each rank holds heads / tp of them
+            b, s, _ = h.shape
+            q = self.wq(h).view(b, s, -1, head_dim).transpose(1, 2)
+            k = self.wk(h).view(b, s, -1, head_dim).transpose(1, 2)
+            v = self.wv(h).view(b, s, -1, head_dim).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return self.wo(a.transpose(1, 2).reshape(b, s, -1))
+
+    class FeedForward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1 = nn.Linear(dim, ffn, bias=False)
+            self.w3 = nn.Linear(dim, ffn, bias=False)
+            self.w2 = nn.Linear(ffn, dim, bias=False)
+
+        def forward(self, h):
+            return self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.ffn = Attention(), FeedForward()
             self.n1, self.n2 = nn.RMSNorm(dim), nn.RMSNorm(dim)
 
         def forward(self, x):
-            b, s, _ = x.shape
-            h = self.n1(x)
-            q = self.wq(h).view(b, s, heads, -1).transpose(1, 2)
-            k = self.wk(h).view(b, s, KV_HEADS, -1).transpose(1, 2)
-            v = self.wv(h).view(b, s, KV_HEADS, -1).transpose(1, 2)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            x = x + self.wo(a.transpose(1, 2).reshape(b, s, dim))
-            h = self.n2(x)
-            return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+            x = x + self.attn(self.n1(x))
+            return x + self.ffn(self.n2(x))
 
     class Model(nn.Module):
         def __init__(self):
@@ -150,13 +202,16 @@ def worker(args) -> None:
     with torch.device("meta"):
         model = Model()
     shapes = [tuple(p.shape) for p in model.parameters()]
-    assert shapes == param_shapes(args.layers, dim, heads), "the arithmetic's shapes are stale"
+    assert shapes == param_shapes(args.layers, dim, heads, ffn), "the arithmetic's shapes are stale"
     nparams = sum(p.numel() for p in model.parameters())
     mp = {}
     if args.bf16:   # torchtitan's default: bf16 compute, fp32 gradient reduction and master copy
         from torch.distributed.fsdp import MixedPrecisionPolicy
         mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                 reduce_dtype=torch.float32)}
+    loss_ctx = contextlib.nullcontext
+    if args.tp > 1:
+        mp["mesh"], loss_ctx = tensor_parallel(model, world, args.tp)
     for blk in model.blocks:
         fully_shard(blk, **mp)
     fully_shard(model, **mp)
@@ -176,8 +231,9 @@ def worker(args) -> None:
            "after_init": after_init, "param_storage": local_bytes}
     tokens = torch.randint(0, VOCAB, (args.batch, args.seq), device="cuda")
     for step in range(args.steps):
-        loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
-        loss.backward()
+        with loss_ctx():
+            loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+            loss.backward()
         if step == 0:
             out["grad_bytes"] = unique_bytes(p.grad.to_local() for p in model.parameters())
             out["after_backward"] = torch.cuda.memory_allocated()
@@ -315,6 +371,9 @@ def main(argv=None) -> int:
                     help="also run the main model with only these ranks started (e.g. 0,7; "
                          "gpumem simulate --ranks) under torch's allocator and gpumem, and "
                          "compare each started rank's peaks with the full run's")
+    # the worker's tensor parallel degree and SwiGLU size (benchmarks/cluster_scale.py)
+    ap.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--ffn", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--results", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
