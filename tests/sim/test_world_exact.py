@@ -36,7 +36,7 @@ from test_distributed import DDP_ENV, TRAIN, ddp_bucket, finished, launch
 
 pytestmark = [pytest.mark.slow, needs_torch]
 
-SUBSETS = {2: [1], 4: [1, 3]}
+SUBSETS = {2: [1], 4: [1, 3], 8: [0, 5]}
 
 # Tensor parallel over a DeviceMesh: tp (one dimension of all ranks) or fsdp_tp
 # ((world // 2) x 2: FSDP2 over dp, Colwise/Rowwise TP over tp); under fsdp_tp
@@ -122,7 +122,7 @@ dist.init_process_group("nccl")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 D = 64
-V = 96 if mode in ("sp", "tp_cp") else 95   # 95 rows: FSDP pads the last shard
+V = 96 if mode in ("sp", "tp_cp", "hsdp_tp", "fsdp_tp_cp") else 95   # 95 rows: FSDP pads the last shard
 
 
 class Block(nn.Module):
@@ -170,15 +170,27 @@ if mode == "hsdp":
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-elif mode in ("sp", "tp_cp"):   # tp_cp: 2 x (world // 2), CP over cp, TP with SP over tp
+elif mode in ("sp", "tp_cp", "hsdp_tp", "fsdp_tp_cp"):
+    # tp_cp: 2 x (world // 2), CP over cp, TP with SP over tp; hsdp_tp: 2 x (world // 4)
+    # x 2, HSDP over (replicate, shard), TP with SP over tp; fsdp_tp_cp: (world // 4) x 2
+    # x 2, FSDP2 over dp, CP over cp, TP with SP over tp
+    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
+    dp = None
     if mode == "sp":
         tp = init_device_mesh("cuda", (world,), mesh_dim_names=("tp",))
-    else:
+    elif mode == "tp_cp":
         mesh2 = init_device_mesh("cuda", (2, world // 2), mesh_dim_names=("cp", "tp"))
         tp, mesh = mesh2["tp"], mesh2["cp"]
+    elif mode == "hsdp_tp":
+        mesh3 = init_device_mesh("cuda", (2, world // 4, 2),
+                                 mesh_dim_names=("replicate", "shard", "tp"))
+        tp, dp = mesh3["tp"], mesh3["replicate", "shard"]
+    else:
+        mesh3 = init_device_mesh("cuda", (world // 4, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
+        tp, mesh, dp = mesh3["tp"], mesh3["cp"], mesh3["dp"]
     with torch.device("cuda"):
         model = Net()
     parallelize_module(model, tp, {
@@ -191,6 +203,10 @@ elif mode in ("sp", "tp_cp"):   # tp_cp: 2 x (world // 2), CP over cp, TP with S
             "wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(),
             "wo": RowwiseParallel(output_layouts=Shard(1)),
             "w1": ColwiseParallel(), "w2": RowwiseParallel(output_layouts=Shard(1))})
+    if dp is not None:
+        for layer in model.layers:
+            fully_shard(layer, mesh=dp)
+        fully_shard(model, mesh=dp)
 elif mode == "cp":
     mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("cp",))
     with torch.device("cuda"):

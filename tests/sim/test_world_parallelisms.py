@@ -1,13 +1,14 @@
 """Representative ranks are exact for the parallelisms torchtitan
 configures (test_world_exact.py's PAR_TRAIN on a small Llama-like model):
 HSDP, tensor parallel with sequence parallel, context parallel, FSDP2 x CP
-and CP x TP, on 4 ranks with ranks 1 and 3 started, under gpumem
-(``gpumem simulate``). Each started rank's peak allocated and reserved
+and CP x TP, on 4 ranks with ranks 1 and 3 started, and the 3-D meshes
+HSDP x TP (2 x 2 x 2) and FSDP2 x CP x TP (2 x 2 x 2) on 8 ranks with ranks
+0 and 5 started, under gpumem (``gpumem simulate``). Each started rank's peak allocated and reserved
 equal the full run's. Under torch's allocator the same jobs gave the same
 figures when these cases were written (README's parallelism table); the
 suite checks torch's side on the DDP, FSDP2 and TP cases of
 test_world_exact.py, which share the launcher. A case takes 55 to 80 s on 2
-busy cores: slow tier.
+busy cores (the 8-rank ones 90 to 110 s): slow tier.
 """
 
 from __future__ import annotations
@@ -23,3 +24,8 @@ pytestmark = [pytest.mark.slow, needs_torch]
 @pytest.mark.parametrize("mode", ["hsdp", "sp", "cp", "fsdp_cp", "tp_cp"])
 def test_started_ranks_peak_as_in_the_full_run(tmp_path, mode):
     check_started_ranks(tmp_path, mode, 4, "simulate")
+
+
+@pytest.mark.parametrize("mode", ["hsdp_tp", "fsdp_tp_cp"])
+def test_three_dimensional_meshes_on_eight_ranks(tmp_path, mode):
+    check_started_ranks(tmp_path, mode, 8, "simulate")
