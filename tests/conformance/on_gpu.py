@@ -10,7 +10,11 @@ driver (run it on a machine with an NVIDIA GPU and torch's CUDA build;
 The bar is the suite's: a check that passes under torch's allocator passes
 under gpumem. Printed: one line per check where the two differ, then the
 counts. Checks marked @sim_limit (the simulator cannot show them) are
-expected to pass here under both.
+expected to pass here under both. A check that fails under both in a group
+that sets MEMORY (made for a simulated device of that size: its sizes,
+messages and kernel times are the simulator's) is counted apart, as "both
+fail, sized for the simulator", with the group's device size in its line;
+on a real GPU of another size those checks say nothing about gpumem.
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ import runner  # noqa: E402
 def _variants(group: str) -> dict:
     import importlib
     return getattr(importlib.import_module(group), "VARIANTS", {"": {}})
+
+
+def _sim_memory(group: str):
+    """The simulated device size the group was made for (its MEMORY), or None."""
+    import importlib
+    return getattr(importlib.import_module(group), "MEMORY", None)
 
 
 def _run(group: str, variant: str, extra: dict, mode: str, timeout: int) -> dict:
@@ -76,7 +86,7 @@ def main() -> int:
             g, v, m = futs[fut]
             results.setdefault(f"{g}[{v}]", {})[m] = fut.result()
     counts = {"both pass": 0, "torch pass, gpumem fail": 0, "torch fail, gpumem pass": 0,
-              "both fail": 0, "skipped": 0}
+              "both fail": 0, "both fail, sized for the simulator": 0, "skipped": 0}
     lines = []
     for key in sorted(results):
         t, gm = results[key].get("torch", {}), results[key].get("gpumem", {})
@@ -90,7 +100,12 @@ def main() -> int:
                 continue
             tag = {("pass", "pass"): "both pass", ("pass", "fail"): "torch pass, gpumem fail",
                    ("fail", "pass"): "torch fail, gpumem pass"}.get((a, b), "both fail")
+            sized = _sim_memory(key.split("[")[0]) if tag == "both fail" else None
+            if sized:
+                tag = "both fail, sized for the simulator"
             counts[tag] += 1
+            if sized:
+                tag += f" ({sized})"
             if tag != "both pass":
                 detail = (gm if b == "fail" else t).get(check, {}).get("detail", "")
                 last = [x for x in detail.strip().splitlines() if x.strip()][-1:] or [""]
