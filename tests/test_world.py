@@ -48,6 +48,20 @@ def test_rows_stand_for_themselves_or_for_the_data_parallel_ranks():
     assert _world.ranks_text([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
 
 
+def test_auto_names_the_ranks_a_context_or_pipeline_dimension_needs():
+    # (dp 2, cp 2, tp 2), row-major: cp index 1 starts at rank 2; auto started 0 and 7
+    said = _world.auto_advice([{"names": ["dp", "cp", "tp"], "shape": [2, 2, 2]}], 8, [0, 7])
+    assert said.endswith("run with --ranks 0,2,7") and "cp dimension of 2" in said
+    assert _world.parse_ranks(said.rsplit(" ", 1)[1], 8) == [0, 2, 7]
+    said = _world.auto_advice([{"names": ["pp", "dp"], "shape": [4, 2]}], 8, [0, 7])
+    assert said.endswith("--ranks 0,2,4,6-7")
+    # data and tensor parallel alone: auto's two ranks cover the job; a mesh over
+    # part of the world (a sub-mesh) or without names says nothing
+    assert _world.auto_advice([{"names": ["dp", "tp"], "shape": [16, 8]}], 128, [0, 127]) is None
+    assert _world.auto_advice([{"names": ["cp"], "shape": [2]}], 8, [0, 7]) is None
+    assert _world.auto_advice([{"names": [], "shape": [8]}], 8, [0, 7]) is None
+
+
 def test_each_rank_sees_its_place_in_the_full_job():
     env = _world.rank_env(63, nnodes=8, nproc=8)
     assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"], env["WORLD_SIZE"],

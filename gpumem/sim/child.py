@@ -145,8 +145,9 @@ def _activate() -> None:
         atexit.register(_report_unrecorded, f"{type(e).__name__}: {e}")
         return
     try:
-        from gpumem.sim.world_rank import refuse_peer_objects
+        from gpumem.sim.world_rank import note_meshes, refuse_peer_objects
         refuse_peer_objects()   # Note [Objects from peers] (gpumem/sim/world_rank.py)
+        note_meshes()           # read after a --ranks auto run (world.auto_advice)
     except Exception:   # no torch.distributed in this build: nothing to refuse
         pass
     from gpumem.recording.recorder import current_rank
@@ -461,6 +462,9 @@ def _child_finish() -> None:
             out["snapshot"] = path
         out["script_snapshots"] = [p for p in _script_dumps if p not in out["oom_snapshots"]]
         out["script_stops"] = _script_stops
+        ws = sys.modules.get("gpumem.sim.world_rank")
+        if ws is not None:
+            out["meshes"] = ws.meshes_built()
     except Exception as e:
         out["error"] = f"{type(e).__name__}: {e}"
     out["ended"] = _how_it_ended()

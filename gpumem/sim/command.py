@@ -611,6 +611,10 @@ def run(args: argparse.Namespace) -> int:
         report["gpu"] = sim_gpus.describe(model)
         if world is not None:
             report["world"] = {k: v for k, v in world.items() if k != "stands_for"}
+            if world["how"] == "auto":
+                meshes = [m for p in procs for m in p.get("meshes") or []]
+                report["world"]["advice"] = _world.auto_advice(meshes, world["world_size"],
+                                                               world["ranks"])
             for row in report.get("per_rank") or []:
                 row["stands_for"] = world["stands_for"].get(row["rank"])
         if args.categories:

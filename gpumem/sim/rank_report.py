@@ -176,6 +176,8 @@ def rank_lines(r: dict[str, Any]) -> list[str]:
     whys = sorted({row["stands_for"]["why"] for row in rows if row.get("stands_for")})
     if whys:
         lines.append("each row stands for the ranks in brackets: " + "; ".join(whys))
+    if world and world.get("advice"):
+        lines.append(world["advice"])
     high = r.get("highest_ranks") or []
     measured = {row["rank"] for row in rows if row["peak_reserved"] is not None}
     if high and len(measured) > 1:

@@ -23,13 +23,19 @@ Approach: with a user's list each started rank stands for itself ("user
   world: torch.chunk gives the last rank the short (or empty) piece, and
   FSDP2 pads every shard to the same size; so rank 0 stands for ranks 0 to
   W-2 and the last rank for itself.
-Limitations: auto does not read the script's device mesh: tensor-parallel
-  groups that split unevenly elsewhere than at the last rank, context-
-  parallel ranks (whose peaks differ by their place in the ring: 4 ranks of
+  After the run the started ranks' device meshes (init_device_mesh, noted
+  by gpumem/sim/world_rank.py) are read: a mesh over the whole job with a
+  dimension named cp, context, pp or pipe gets one sentence in the report
+  naming a list that starts a rank at each place along it (auto_advice).
+Limitations: auto chooses before the script runs: tensor-parallel groups
+  that split unevenly elsewhere than at the last rank, context-parallel
+  ranks (whose peaks differ by their place in the ring: 4 ranks of
   tests/sim/test_world_exact.py's cp job peak at four different figures)
   and pipeline stages (which differ by stage, and cannot run yet: Note
-  [Objects from peers] in gpumem/sim/world_rank.py) are not told apart;
-  list the ranks of each stage yourself for those.
+  [Objects from peers] in gpumem/sim/world_rank.py) are not started
+  unless listed; the report's sentence names the list for the last two
+  when the mesh names them so, and meshes built otherwise than with
+  init_device_mesh are not seen.
 """
 
 from __future__ import annotations
@@ -112,6 +118,44 @@ def stands_for(ranks: list[int], world: int, auto: bool) -> dict[int, dict[str, 
                "count": max(world - 1, 1), "why": why}}
     if world > 1:
         out[world - 1] = {"ranks": str(world - 1), "count": 1, "why": why}
+    return out
+
+
+# dimension names whose ranks peak differently by their place along it
+_ROLE_DIMS = ("cp", "context", "pp", "pipe")
+
+
+def auto_advice(meshes: list[dict[str, Any]], world: int, started: list[int]) -> Optional[str]:
+    """After a --ranks auto run: when a device mesh the started ranks built
+    over the whole world has a context- or pipeline-parallel dimension (ranks
+    that peak differently by their place along it, which auto does not
+    start), the sentence that says so and names a list that covers each
+    place; None otherwise (Note [Which ranks stand for which]).  meshes:
+    [{"names": [...], "shape": [...]}] as the ranks recorded them."""
+    for m in meshes:
+        names, shape = list(m.get("names") or []), [int(n) for n in m.get("shape") or []]
+        size = 1
+        for n in shape:
+            size *= n
+        if size != world or len(names) != len(shape):
+            continue
+        for i, (name, n) in enumerate(zip(names, shape)):
+            if n < 2 or not any(k in str(name).lower() for k in _ROLE_DIMS):
+                continue
+            stride = size // _prefix(shape, i + 1)   # row-major: the dims after i
+            ranks = sorted({j * stride for j in range(n)} | set(started))
+            dims = " x ".join(f"{a} {b}" for a, b in zip(names, shape))
+            return (f"the script's device mesh ({dims}) has a {name} dimension of {n}: its "
+                    "ranks peak differently by their place along it (context parallel's "
+                    "ring, pipeline stages), and --ranks auto does not start a rank at each "
+                    f"place; to cover each, run with --ranks {ranks_text(ranks).replace(' ', '')}")
+    return None
+
+
+def _prefix(shape: list[int], k: int) -> int:
+    out = 1
+    for n in shape[:k]:
+        out *= n
     return out
 
 

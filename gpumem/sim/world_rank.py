@@ -146,6 +146,38 @@ def refuse_peer_objects() -> None:
     dist.distributed_c10d.recv_object_list = recv_object_list
 
 
+_MESHES: list[dict[str, Any]] = []   # the device meshes this process built
+
+
+def note_meshes() -> None:
+    """Keep the shape and dimension names of every device mesh that
+    init_device_mesh builds in this process (meshes_built()): after a
+    --ranks auto run gpumem simulate reads them (world.auto_advice)."""
+    import torch.distributed as dist
+    import torch.distributed.device_mesh as dm
+    own = dm.init_device_mesh
+    if getattr(own, "_gpumem_notes", False):
+        return
+
+    def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
+        mesh = own(*args, **kwargs)
+        try:
+            _MESHES.append({"shape": [int(n) for n in mesh.shape],
+                            "names": list(mesh.mesh_dim_names or [])})
+        except Exception:   # noting is never the script's failure
+            pass
+        return mesh
+
+    init_device_mesh._gpumem_notes = True   # type: ignore[attr-defined]
+    dm.init_device_mesh = init_device_mesh
+    if getattr(dist, "init_device_mesh", None) is own:
+        dist.init_device_mesh = init_device_mesh
+
+
+def meshes_built() -> list[dict[str, Any]]:
+    return list(_MESHES)
+
+
 def install() -> None:
     """Point torch.distributed's env:// and tcp:// rendezvous at one StandInStore
     for this process, and refuse the gloo backend and recv_object_list with one
