@@ -195,7 +195,7 @@ sys.path.insert(0, {tests!r})
 from test_big_snapshots import _mutants, _refusals, _ODD_WAYS
 from gpumem import _C
 n = 0
-odd = [b"\x80\x04" + ops + b"." for ops in _ODD_WAYS.values()]
+odd = [b"\\x80\\x04" + ops + b"." for ops in _ODD_WAYS.values()]
 for data in list(_mutants(seed=7, count=4000)) + list(_refusals().values()) + odd:
     for compact in (True, False):
         try:
