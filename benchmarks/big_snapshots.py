@@ -1,7 +1,8 @@
 """gpumem summary, diff and view on a big snapshot: seconds and peak memory.
 
-    python benchmarks/big_snapshots.py [--events N] [--baseline REV] [--limit-case]
-                                       [--commands summary,diff,view] [--mem-cap GiB]
+    python benchmarks/big_snapshots.py [--events N] [--baseline REV [--baseline-ext SO]]
+                                       [--limit-case] [--commands summary,diff,view]
+                                       [--mem-cap GiB] [--keep PATH]
 
 Writes the synthetic training snapshot of tests/snapshot_gen.py with
 --events trace entries (default 5,000,000) and runs each command on it in
@@ -10,9 +11,11 @@ diff FILE FILE --json`` (the file against itself: two loads) and ``gpumem
 view FILE -o PAGE``.  Per command: wall seconds and the child's peak RSS
 (ru_maxrss from wait4), its CPU seconds (user + system, from wait4: on a
 loaded machine they move less than the wall seconds), and that peak against
-the issue's bound, 4 x the file + 200 MB.  With --baseline REV, gpumem REV's package (from git; its
-snapshot commands are pure Python, the working tree's built extension is
-put beside it) runs the same commands on the same file in the same run.
+the issue's bound, 4 x the file + 200 MB.  With --baseline REV, gpumem REV's package (from git)
+runs the same commands on the same file in the same run, with the working
+tree's built extension put beside it, or with --baseline-ext SO, REV's own
+build of gpumem._C (its snapshot reader and analyses are native code).
+--keep PATH writes the snapshot there once and reuses it on later runs.
 
 --limit-case writes a snapshot just under the loader's default 2 GiB file
 limit instead (about 37,000,000 events) and runs the working tree only,
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"a file just under 2 GiB ({LIMIT_EVENTS:,} events)")
     parser.add_argument("--commands", default="summary,diff,view")
     parser.add_argument("--mem-cap", type=float, default=20.0, help="GiB per child (RLIMIT_AS)")
+    parser.add_argument("--baseline-ext", metavar="SO",
+                        help="REV's built gpumem._C extension (default: the working tree's)")
     parser.add_argument("--keep", metavar="PATH", help="write the snapshot here and keep it")
     args = parser.parse_args(argv)
     events = LIMIT_EVENTS if args.limit_case else args.events
@@ -91,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.baseline, "gpumem"],
                                      check=True, capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-            for ext in (ROOT / "gpumem").glob("_C.*.so"):  # gpumem imports it; REV's
-                shutil.copy(ext, base / "gpumem")          # snapshot code is pure Python
+            exts = [Path(args.baseline_ext)] if args.baseline_ext else \
+                (ROOT / "gpumem").glob("_C.*.so")
+            for ext in exts:
+                shutil.copy(ext, base / "gpumem" / ext.name)
             trees["baseline"] = base
         commands = {
             "summary": ["summary", str(snap), "--json"],

@@ -15,6 +15,7 @@
  */
 #include "pickle_lists.h"
 
+#include "pickle_stage.h"
 #include "trace_columns.h"
 
 static int builder_of(gm_pk_t *r, PyObject *list, Py_ssize_t *b) {
@@ -40,16 +41,6 @@ static int spill(gm_pk_t *r, PyObject *list, Py_ssize_t b) {
     return 0;
 }
 
-/* The memo slot that holds item (0 or 1 of them), or -1 if item is
- * referenced from anywhere else (then it must stay a dict). */
-static int own_slots(gm_pk_t *r, PyObject *item, Py_ssize_t slots[1]) {
-    int k = 0;
-    uintptr_t at;
-    if (gm_ptrmap_get(&r->memo_dict, (uintptr_t)item, &at) && r->memo[at - 1] == item)
-        slots[k++] = (Py_ssize_t)at - 1;
-    return Py_REFCNT(item) == 1 + k ? k : -1;
-}
-
 static PyObject *action_key;
 
 /* A dict with an 'action' str: worth trying as the first record of a list. */
@@ -60,15 +51,31 @@ static int looks_like_entry(PyObject *item) {
     return a && PyUnicode_CheckExact(a);
 }
 
-/* Append item (a reference the caller keeps) to list, as a record when it can. */
+/* Take the dict entry as the next record of tc (gm_tcols_take_pairs). */
+static int take_dict(PyObject *tc, PyObject *entry) {
+    PyObject *kv[2 * GM_PK_STAGE_KEYS];
+    Py_ssize_t pos = 0;
+    int n = 0;
+    if (PyDict_GET_SIZE(entry) > GM_PK_STAGE_KEYS)
+        return 0;
+    while (PyDict_Next(entry, &pos, &kv[2 * n], &kv[2 * n + 1]))
+        n++;
+    return gm_tcols_take_pairs(tc, kv, n);
+}
+
+/* Append item (a reference the caller keeps) to list, as a record when it
+ * can; a staged entry (Note [Staged trace entries]) from its pairs. */
 static int append_item(gm_pk_t *r, PyObject *list, PyObject *item) {
     Py_ssize_t b = -1;
     int has = builder_of(r, list, &b);
     Py_ssize_t slots[1] = {0};
-    int k = -1;
+    int k = -1, npairs = 0;
+    PyObject *const *pairs = r->nstaged && PyDict_CheckExact(item) && !PyDict_GET_SIZE(item)
+                                 ? gm_pk_staged(r, item, &npairs)
+                                 : NULL;
     if (r->compact && PyDict_CheckExact(item) &&
-        (has || (PyList_GET_SIZE(list) == 0 && looks_like_entry(item))))
-        k = own_slots(r, item, slots);
+        (has || (PyList_GET_SIZE(list) == 0 && (pairs || looks_like_entry(item)))))
+        k = gm_pk_own_slots(r, item, slots);
     if (k >= 0) {
         PyObject *tc = NULL;
         if (!has) {
@@ -82,7 +89,8 @@ static int append_item(gm_pk_t *r, PyObject *list, PyObject *item) {
         }
         if (k >= 0 && gm_tcols_len(tc) >= ((Py_ssize_t)1 << 40))
             k = -1;
-        int took = k < 0 ? 0 : gm_tcols_take(tc, item);
+        int took = k < 0 ? 0 : pairs ? gm_tcols_take_pairs(tc, pairs, npairs)
+                                     : take_dict(tc, item);
         if (took < 0) {
             if (!has)
                 Py_DECREF(tc);
@@ -100,6 +108,8 @@ static int append_item(gm_pk_t *r, PyObject *list, PyObject *item) {
                     return -1;
                 }
             }
+            if (pairs)
+                gm_pk_stage_drop(r, item);
             uint64_t rec = (uint64_t)gm_tcols_len(tc) - 1;
             uintptr_t tag = (uintptr_t)((((uint64_t)b << 40) | rec) << 1 | 1);
             for (int i = 0; i < k; i++) {
@@ -113,6 +123,8 @@ static int append_item(gm_pk_t *r, PyObject *list, PyObject *item) {
         if (!has)
             Py_DECREF(tc);
     }
+    if (pairs && gm_pk_unstage(r, item) < 0)
+        return -1;
     if (has && spill(r, list, b) < 0)
         return -1;
     return PyList_Append(list, item);
@@ -143,7 +155,7 @@ static void presize(gm_pk_t *r, Py_ssize_t at, Py_ssize_t n) {
     PyObject *d = r->stack[at];
     Py_ssize_t slots[1];
     int k;
-    if (n <= 5 || !PyDict_CheckExact(d) || PyDict_GET_SIZE(d) || (k = own_slots(r, d, slots)) < 0)
+    if (n <= 5 || !PyDict_CheckExact(d) || PyDict_GET_SIZE(d) || (k = gm_pk_own_slots(r, d, slots)) < 0)
         return;
     PyObject *nd = _PyDict_NewPresized(n);
     if (!nd) {
@@ -166,11 +178,15 @@ static void presize(gm_pk_t *r, Py_ssize_t at, Py_ssize_t n) {
     Py_DECREF(d);
 }
 
-int gm_pk_setitems(gm_pk_t *r, Py_ssize_t mark) {
+int gm_pk_setitems(gm_pk_t *r, Py_ssize_t mark, int stage) {
     if (mark < 1) {
         gm_pk_corrupt(r, "SETITEMS without a dict below its MARK");
         return -1;
     }
+    if (stage && gm_pk_stage(r, mark))
+        return 0;
+    if (gm_pk_unstage_range(r, mark - 1, r->sp) < 0)
+        return -1;
     presize(r, mark - 1, (r->sp - mark) / 2);
     PyObject *d = r->stack[mark - 1];
     if (!PyDict_CheckExact(d) || (r->sp - mark) % 2) {

@@ -19,6 +19,8 @@
  * and MAX_MARKS marks; every length is checked against the data left. A
  * compacted entry that the memo still names is made a dict again once, on
  * its first GET, and that dict is kept (no expansion by repeated GETs).
+ * Trace entries are read straight into records (Note [Staged trace entries]
+ * in pickle_stage.c): every value taken off the stack is unstaged first.
  * Must not: import or call anything the data names; hold the GIL's absence
  * (it builds Python objects throughout).
  */
@@ -27,10 +29,13 @@
 #include <string.h>
 
 #include "pickle_lists.h"
+#include "pickle_stage.h"
 #include "pickle_vm.h"
 #include "trace_columns.h"
 
 static PyObject *take_tuple(gm_pk_t *r, Py_ssize_t from) {
+    if (gm_pk_unstage_range(r, from, r->sp) < 0)
+        return NULL;
     PyObject *t = PyTuple_New(r->sp - from);
     if (!t)
         return NULL;
@@ -38,6 +43,14 @@ static PyObject *take_tuple(gm_pk_t *r, Py_ssize_t from) {
         PyTuple_SET_ITEM(t, i - from, r->stack[i]);
     r->sp = from;
     return t;
+}
+
+/* The top value, given its pairs if it is a staged entry: a new reference. */
+static PyObject *pop(gm_pk_t *r) {
+    PyObject *v = gm_pk_pop(r);
+    if (v && gm_pk_unstage(r, v) < 0)
+        Py_CLEAR(v);
+    return v;
 }
 
 /* ---------------------------------------------------------------- refusals */
@@ -92,7 +105,15 @@ static PyObject *long_bytes(gm_pk_t *r, int width) {
     r->p += width;
     if (n > (uint64_t)(r->end - r->p))
         return gm_pk_fail(r, "truncated", NULL);
-    PyObject *v = n ? _PyLong_FromByteArray(r->p, (size_t)n, 1, 1) : PyLong_FromLong(0);
+    PyObject *v;
+    if (n && n <= 8) { /* two's complement, little-endian, that fits in 64 bits */
+        uint64_t x = gm_pk_le(r->p, (int)n);
+        if (n < 8 && (x >> (8 * n - 1)) & 1)
+            x |= ~0ull << (8 * n); /* sign-extended */
+        v = PyLong_FromLongLong((long long)x);
+    } else {
+        v = n ? _PyLong_FromByteArray(r->p, (size_t)n, 1, 1) : PyLong_FromLong(0);
+    }
     r->p += n;
     return v;
 }
@@ -121,7 +142,7 @@ static PyObject *run(gm_pk_t *r) {
             r->p += 8;
             break;
         case '.': /* STOP */
-            return gm_pk_pop(r);
+            return pop(r);
         case '(':
             if (r->nmarks == r->mcap) {
                 if (r->mcap >= MAX_MARKS)
@@ -139,13 +160,13 @@ static PyObject *run(gm_pk_t *r) {
             if (r->nmarks && r->marks[r->nmarks - 1] == r->sp) {
                 r->nmarks--;
             } else {
-                if (!(v = gm_pk_pop(r)))
+                if (!(v = pop(r)))
                     return NULL;
                 Py_DECREF(v);
             }
             break;
         case '1': /* POP_MARK */
-            if ((mark = gm_pk_pop_mark(r)) < 0)
+            if ((mark = gm_pk_pop_mark(r)) < 0 || gm_pk_unstage_range(r, mark, r->sp) < 0)
                 return NULL;
             while (r->sp > mark)
                 Py_DECREF(r->stack[--r->sp]);
@@ -238,11 +259,11 @@ static PyObject *run(gm_pk_t *r) {
         case 's':
             if (r->sp - gm_pk_fence(r) < 3)
                 return gm_pk_corrupt(r, "unpickling stack underflow");
-            if (gm_pk_setitems(r, r->sp - 2) < 0)
+            if (gm_pk_setitems(r, r->sp - 2, 0) < 0)
                 return NULL;
             break;
         case 'u':
-            if ((mark = gm_pk_pop_mark(r)) < 0 || gm_pk_setitems(r, mark) < 0)
+            if ((mark = gm_pk_pop_mark(r)) < 0 || gm_pk_setitems(r, mark, 1) < 0)
                 return NULL;
             break;
         case 'l':
@@ -316,8 +337,8 @@ static PyObject *run(gm_pk_t *r) {
         case 0x93: { /* STACK_GLOBAL */
             if (r->proto < 3)
                 return gm_pk_fail(r, "unsupported", NULL);
-            PyObject *name = gm_pk_pop(r);
-            PyObject *module = name ? gm_pk_pop(r) : NULL;
+            PyObject *name = pop(r);
+            PyObject *module = name ? pop(r) : NULL;
             if (!module) {
                 Py_XDECREF(name);
                 return NULL;
@@ -347,7 +368,7 @@ static PyObject *run(gm_pk_t *r) {
             v = line(r);
             return v ? gm_pk_fail(r, "persid", v) : NULL;
         case 'Q': /* BINPERSID */
-            v = gm_pk_pop(r);
+            v = pop(r);
             return v ? gm_pk_fail(r, "persid", v) : NULL;
         case 'R':
         case 'b':
@@ -402,16 +423,18 @@ static PyObject *read_snapshot_pickle(PyObject *self, PyObject *args, PyObject *
     r.end = r.start + buf.len;
     r.proto = 0;
     r.compact = compact;
+    r.stg_free = -1;
     r.builders = PyList_New(0);
     PyObject *out = NULL;
     if (r.builders && gm_ptrmap_init(&r.builder_of, 16) == 0 &&
-        gm_ptrmap_init(&r.memo_dict, 1024) == 0) {
+        gm_ptrmap_init(&r.memo_dict, 1024) == 0 && gm_ptrmap_init(&r.staged_of, 1024) == 0) {
         out = run(&r);
         if (out && gm_pk_finish(&r, out) < 0)
             Py_CLEAR(out);
     } else if (!PyErr_Occurred()) {
         PyErr_NoMemory();
     }
+    gm_pk_stage_free(&r); /* before the stack: it reads no staged dict */
     while (r.sp > 0)
         Py_DECREF(r.stack[--r.sp]);
     for (Py_ssize_t i = 0; i < r.mtop; i++)

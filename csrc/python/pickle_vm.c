@@ -147,6 +147,14 @@ int gm_pk_memo_put(gm_pk_t *r, uint64_t index) {
     return 0;
 }
 
+int gm_pk_own_slots(gm_pk_t *r, PyObject *item, Py_ssize_t slots[1]) {
+    int k = 0;
+    uintptr_t at;
+    if (gm_ptrmap_get(&r->memo_dict, (uintptr_t)item, &at) && r->memo[at - 1] == item)
+        slots[k++] = (Py_ssize_t)at - 1;
+    return Py_REFCNT(item) == 1 + k ? k : -1;
+}
+
 int gm_pk_memo_get(gm_pk_t *r, uint64_t index) {
     PyObject *v = (Py_ssize_t)index < r->mcap_memo ? r->memo[index] : NULL;
     if (!v) {

@@ -1,7 +1,7 @@
 /*
  * pickle_vm.h - the state of one snapshot pickle read (pickle_reader.c):
- * the value stack, the marks, the memo, the compacted traces, and the errors
- * it raises (pickle_vm.c). Error kinds: see pickle_reader.c.
+ * the value stack, the marks, the memo, the compacted traces, the staged
+ * entries (pickle_stage.c), and the errors it raises (pickle_vm.c). Error kinds: see pickle_reader.c.
  */
 #ifndef GM_PYTHON_PICKLE_VM_H
 #define GM_PYTHON_PICKLE_VM_H
@@ -15,6 +15,9 @@
 #define MEMO_SLACK 1024
 #define MAX_STACK (1 << 22)
 #define MAX_MARKS (1 << 16)
+#define GM_PK_STAGE_KEYS 8 /* pairs a staged trace entry holds (pickle_stage.c) */
+
+struct gm_pk_stage_slot;
 
 typedef struct gm_pk {
     const unsigned char *start, *p, *end;
@@ -28,6 +31,9 @@ typedef struct gm_pk {
     PyObject *builders;    /* list of TraceColumns */
     gm_ptrmap_t builder_of; /* PyList* -> builder index + 1 */
     gm_ptrmap_t memo_dict;  /* a dict in the memo -> its (last) memo index + 1 */
+    struct gm_pk_stage_slot *stg; /* Note [Staged trace entries] */
+    Py_ssize_t stg_cap, stg_top, stg_free, nstaged;
+    gm_ptrmap_t staged_of;        /* a staged dict -> its stage slot + 1 */
     const unsigned char *op_at;
 } gm_pk_t;
 
@@ -46,6 +52,9 @@ PyObject *gm_pk_pop(gm_pk_t *r);
 Py_ssize_t gm_pk_pop_mark(gm_pk_t *r);
 /* Store the top value at index (refused past the stores made + MEMO_SLACK). */
 int gm_pk_memo_put(gm_pk_t *r, uint64_t index);
+/* The memo slot that alone with the stack refers to item (k = 0 or 1 of
+ * them, in slots), or -1 if anything else refers to it. */
+int gm_pk_own_slots(gm_pk_t *r, PyObject *item, Py_ssize_t slots[1]);
 /* Push memo[index]; a compacted entry becomes its dict (once). */
 int gm_pk_memo_get(gm_pk_t *r, uint64_t index);
 

@@ -271,24 +271,23 @@ static int int_slot(PyObject *key) {
     return -1;
 }
 
-int gm_tcols_take(PyObject *self, PyObject *entry) {
+int gm_tcols_take_pairs(PyObject *self, PyObject *const *kv, int npairs) {
     gm_tcols_t *t = (gm_tcols_t *)self;
-    if (!PyDict_CheckExact(entry) || PyDict_GET_SIZE(entry) > MAX_KEYS)
+    if (npairs > MAX_KEYS)
         return 0;
     rec_t r;
     memset(&r, 0, sizeof r);
     shape_t want = {0, {0}};
-    PyObject *keys[MAX_KEYS], *objs[N_OBJ], *action = NULL, *key, *value;
+    PyObject *keys[MAX_KEYS], *objs[N_OBJ], *okeys[N_OBJ], *action = NULL;
     unsigned have = 0;
     int nobj = 0;
-    Py_ssize_t pos = 0;
     /* the common case: the keys of the last shape, the same str objects in the
-     * same order (codes known, no str compares); checked key by key */
-    int same = t->last_shape < PyList_GET_SIZE(t->shapes) &&
-               t->shape[t->last_shape].n == PyDict_GET_SIZE(entry);
+     * same order (codes known, no str compares, no repeats); checked key by key */
+    int same = t->last_shape < PyList_GET_SIZE(t->shapes) && t->shape[t->last_shape].n == npairs;
     const shape_t *last = &t->shape[t->last_shape];
     PyObject *last_keys = same ? PyList_GET_ITEM(t->shapes, t->last_shape) : NULL;
-    for (int k = 0; PyDict_Next(entry, &pos, &key, &value); k++) {
+    for (int k = 0; k < npairs; k++) {
+        PyObject *key = kv[2 * k], *value = kv[2 * k + 1];
         int code;
         if (same && key == PyTuple_GET_ITEM(last_keys, k)) {
             code = last->code[k];
@@ -302,16 +301,21 @@ int gm_tcols_take(PyObject *self, PyObject *entry) {
         }
         keys[want.n] = key;
         if (code == 0) {
-            if (!PyUnicode_CheckExact(value))
+            if (!PyUnicode_CheckExact(value) || action) /* a second 'action': a dict's job */
                 return 0;
             action = value;
         } else if (code < 16) {
-            if (!int_field(value, INT_SIGNED[code - 1], &r.v[code - 1]))
+            if ((have & (1u << (code - 1))) || !int_field(value, INT_SIGNED[code - 1],
+                                                          &r.v[code - 1]))
                 return 0;
             have |= 1u << (code - 1);
         } else {
             if (nobj == N_OBJ)
                 return 0;
+            for (int j = 0; !same && j < nobj; j++)
+                if (okeys[j] == key || PyUnicode_Compare(okeys[j], key) == 0)
+                    return 0; /* a repeated key: SETITEMS' last value wins, a dict's job */
+            okeys[nobj] = key;
             objs[nobj++] = value;
         }
         want.code[want.n++] = (uint8_t)code;

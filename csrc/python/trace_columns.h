@@ -26,11 +26,13 @@ typedef struct gm_trec {
 
 /* A new, empty TraceColumns (a new reference), or NULL with an exception. */
 PyObject *gm_tcols_new(void);
-/* Take entry (a dict) as the next record: 1 if taken (the caller keeps its
- * reference to the dict, which is no longer needed), 0 if the dict does not
- * fit a record (nothing changed), -1 with an exception. */
-int gm_tcols_take(PyObject *tcols, PyObject *entry);
-/* The dict of record i (a new reference), equal to the dict taken. */
+/* Take an entry, given as its key/value pairs (kv[2i], kv[2i+1]) in the
+ * order SETITEMS sets them or a dict holds them, as the next record: 1 if
+ * taken (the caller keeps its references; the entry's dict is no longer
+ * needed), 0 if it does not fit a record or a key repeats (nothing changed),
+ * -1 with an exception. */
+int gm_tcols_take_pairs(PyObject *tcols, PyObject *const *kv, int npairs);
+/* The dict of record i (a new reference), equal to the entry taken. */
 PyObject *gm_tcols_item(PyObject *tcols, Py_ssize_t i);
 Py_ssize_t gm_tcols_len(PyObject *tcols);
 
