@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "ring.h"
 
@@ -54,7 +55,8 @@ void gm_ring_init(gm_ring_t *r, size_t max) {
  * before 5.14 lack MADV_POPULATE_WRITE, and then the faults remain. */
 static void populate(void *p, size_t len) {
 #ifdef MADV_POPULATE_WRITE
-    const uintptr_t page = 4096;
+    long ps = sysconf(_SC_PAGESIZE);
+    uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
     uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1);
     uintptr_t b = ((uintptr_t)p + len) & ~(page - 1);
     if (b > a)
