@@ -298,6 +298,74 @@ def test_shrinking_max_entries_keeps_the_newest_events():
     assert len(ev) == 5 + 9  # 3 events lost to the 5-entry bound, 2 markers, 3 pairs
 
 
+def test_folded_frees_expand_to_torchs_entries_at_every_bound():
+    """A free that completes at once shares one ring slot with its request
+    (Note [Folded frees] in csrc/history/ring.c); a copy expands it, so a
+    bound of any size, odd or even, still keeps exactly the newest entries,
+    also when it cuts a folded pair in two, and growing the bound brings no
+    entry back that it dropped."""
+    a = _C.Allocator()
+    history.record_memory_history(max_entries=1000)
+    _ops(a, 6)
+    full = [(e["action"], e["addr"], e["size"]) for e in trace(history.snapshot())]
+    assert len(full) == 19
+    for bound in range(1, 9):
+        b = _C.Allocator()  # takes device 0 over: its ring starts empty
+        history.record_memory_history(None)
+        history.record_memory_history(max_entries=bound)
+        _ops(b, 6)
+        ev = trace(history.snapshot())
+        got = [(e["action"], e["size"]) for e in ev]
+        assert got == [(x[0], x[2]) for x in full[-bound:]], bound
+        times = [e["time_us"] for e in ev]
+        assert times == sorted(times)
+        history.record_memory_history(max_entries=100)  # grown: nothing comes back
+        ev = trace(history.snapshot())
+        assert [(e["action"], e["size"]) for e in ev] == got[1:] + [("snapshot", 0)], bound
+
+
+def test_a_free_completed_at_once_takes_no_slot_of_its_own():
+    """4,000 cached pairs record 12,001 entries (a segment, then alloc,
+    free_requested, free_completed each): in 8,001 slots, two chunks of the
+    ring's 4,096 48-byte slots, not three."""
+    a = _C.Allocator()
+    history.record_memory_history(None)
+    history.record_memory_history(max_entries=100_000)
+    for _ in range(4000):
+        a.free(a.malloc(4096))
+    ev = trace(history.snapshot())
+    assert len(ev) == 12_001
+    assert [e["action"] for e in ev[1:4]] == ["alloc", "free_requested", "free_completed"]
+    chunk = 4096 * 48
+    assert 2 * chunk <= _C._hist_counts()["ring_bytes"] < 3 * chunk
+
+
+@pytest.mark.parametrize("gap_s", [0.002, 0.05])
+def test_a_free_completed_later_keeps_its_own_time(gap_s):
+    """A completion that waited for a stream is folded into its request's
+    slot only when nothing was recorded in between and it came within 2^24
+    ticks (a few ms: the 2 ms gap), and keeps its own time either way."""
+    import time
+    dev = testext.VirtualDevice(capacity=64 * MiB)
+    a = _C.Allocator(device_backend=dev)
+    history.record_memory_history(None)
+    history.record_memory_history(context=None)
+    q = a.malloc(2000)
+    dev.set_event_mode("never")
+    a.record_stream(q, 7)
+    a.free(q)  # free_requested only: pending on stream 7
+    dev.set_event_mode("immediate")
+    t0 = time.perf_counter()
+    time.sleep(gap_s)
+    a.process_events()  # free_completed, right after its request in the ring
+    gap_us = (time.perf_counter() - t0) * 1e6
+    ev = [e for e in trace(history.snapshot()) if e["action"] != "segment_alloc"]
+    assert [(e["action"], e["addr"]) for e in ev] == [
+        ("alloc", q), ("free_requested", q), ("free_completed", q)]
+    took = ev[2]["time_us"] - ev[1]["time_us"]
+    assert gap_s * 1e6 - 2 <= took <= gap_us + 2000, (took, gap_us)
+
+
 def test_state_mode_keeps_only_the_last_event():
     a = _C.Allocator()
     history.record_memory_history("state")

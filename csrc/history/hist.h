@@ -43,6 +43,10 @@ typedef struct gm_hist_event {
     uint32_t meta;    /* interned user_metadata string id; 0 = "" */
     uint32_t compile; /* interned compile context (torch.compile region); 0 = "N/A" */
     uint8_t action;   /* gm_action_t */
+    /* Ring-internal, 0 outside the ring: a free_requested whose
+     * free_completed followed at once holds it here (ring.c, Note [Folded
+     * frees]). In the struct's padding: the event stays 48 bytes. */
+    uint8_t folded[3];
 } gm_hist_event_t;
 
 typedef struct gm_hist_config {

@@ -65,6 +65,12 @@ static int cfg_context_requested;      /* protected by: registry lock */
 
 static _Thread_local uint32_t tls_metadata; /* this thread's user_metadata id */
 static _Thread_local uint32_t tls_compile;  /* this thread's compile context id */
+/* Set for good once any thread sets either of the two. Until then every
+ * event's metadata and compile context are 0, and the hook reads neither
+ * thread-local (each read is a call to __tls_get_addr from a shared
+ * object). A thread that set its own reads the flag after its own store,
+ * so it never misses it. */
+static atomic_int thread_tags_used;
 
 static void init_slots(void) {
     gm_clock_anchor(); /* before any event can be stamped */
@@ -80,11 +86,19 @@ int gm_hist_context_level(void) { return atomic_load_explicit(&cfg_context, memo
 
 int gm_hist_stacks_all(void) { return atomic_load_explicit(&cfg_stacks_all, memory_order_relaxed); }
 
-void gm_hist_set_thread_metadata(uint32_t id) { tls_metadata = id; }
+void gm_hist_set_thread_metadata(uint32_t id) {
+    if (id)
+        atomic_store_explicit(&thread_tags_used, 1, memory_order_relaxed);
+    tls_metadata = id;
+}
 
 uint32_t gm_hist_thread_metadata(void) { return tls_metadata; }
 
-void gm_hist_set_thread_compile_context(uint32_t id) { tls_compile = id; }
+void gm_hist_set_thread_compile_context(uint32_t id) {
+    if (id)
+        atomic_store_explicit(&thread_tags_used, 1, memory_order_relaxed);
+    tls_compile = id;
+}
 
 /* --------------------------------------------------------------- hook */
 
@@ -98,11 +112,19 @@ static void push_event(slot_t *s, gm_action_t action, uint64_t addr, uint64_t si
     e.time_us = gm_clock_ticks(); /* ticks in the ring; microseconds once copied */
     /* torch attaches a context to trace entries only from level ALLOC. */
     e.tb = gm_hist_context_level() >= GM_HIST_CTX_ALLOC ? ctx : 0;
-    e.meta = tls_metadata;
-    e.compile = tls_compile;
+    if (atomic_load_explicit(&thread_tags_used, memory_order_relaxed)) {
+        e.meta = tls_metadata;
+        e.compile = tls_compile;
+    } else {
+        e.meta = e.compile = 0;
+    }
     e.action = (uint8_t)action;
+    memset(e.folded, 0, sizeof e.folded);
     pthread_mutex_lock(&s->ring_lock);
-    gm_ring_push(&s->ring, &e);
+    if (action == GM_ACT_FREE_COMPLETED)
+        gm_ring_push_completed(&s->ring, &e); /* Note [Folded frees] in ring.c */
+    else
+        gm_ring_push(&s->ring, &e);
     pthread_mutex_unlock(&s->ring_lock);
 }
 
@@ -274,18 +296,19 @@ typedef struct walk_ctx {
 /* Caller holds the ring lock. */
 static int copy_ring_unlocked(walk_ctx_t *w) {
     const gm_ring_t *r = &w->slot->ring;
+    size_t n = gm_ring_len(r);
     gm_hist_event_t *ev = NULL;
-    if (r->count && !(ev = malloc(r->count * sizeof *ev)))
+    if (n && !(ev = malloc(n * sizeof *ev)))
         return GM_ENOMEM;
-    if (r->count) {
+    if (n) {
         gm_ring_copy(r, ev);
         gm_clock_conv_t conv;
         gm_clock_conv_now(&conv);
-        for (size_t i = 0; i < r->count; i++)
+        for (size_t i = 0; i < n; i++)
             ev[i].time_us = gm_clock_to_us(&conv, ev[i].time_us);
     }
     w->out->ev[w->device] = ev;
-    w->out->nev[w->device] = r->count;
+    w->out->nev[w->device] = n;
     w->out->seq_end[w->device] = r->seq;
     w->ring_copied = 1;
     return GM_OK;

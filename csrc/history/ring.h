@@ -7,6 +7,11 @@
  * push never moves recorded events. Not thread-safe: the owner (recorder.c)
  * guards each ring with its ring lock. Plain C only: a push may run under an
  * allocator lock.
+ *
+ * A slot holds one event, or two: a free_requested and the free_completed
+ * that followed it at once (Note [Folded frees] in ring.c). `max` bounds
+ * the events a copy yields, as torch's max_entries does; a ring holds at
+ * most `max` slots.
  */
 #ifndef GM_HISTORY_RING_H
 #define GM_HISTORY_RING_H
@@ -23,7 +28,7 @@ typedef struct gm_ring {
     gm_hist_event_t **chunks;
     size_t nchunks, cap_chunks;
     size_t max;       /* bound on count, >= 1 */
-    size_t count;     /* events held */
+    size_t count;     /* slots held */
     size_t head;      /* physical index of the oldest event (0 until full) */
     uint64_t seq;     /* events pushed since creation; never reset */
     uint64_t dropped; /* pushes lost to host memory exhaustion */
@@ -31,12 +36,18 @@ typedef struct gm_ring {
 
 void gm_ring_init(gm_ring_t *r, size_t max);
 void gm_ring_push(gm_ring_t *r, const gm_hist_event_t *e);
+/* Push a free_completed: into the newest slot when that holds its
+ * free_requested alone (Note [Folded frees]), else as gm_ring_push. */
+void gm_ring_push_completed(gm_ring_t *r, const gm_hist_event_t *e);
+/* Events a copy yields: the newest min(max, events held). O(count). */
+size_t gm_ring_len(const gm_ring_t *r);
 /* Drop every event and return the storage. */
 void gm_ring_clear(gm_ring_t *r);
 /* Change the bound, keeping the newest events. 0 or GM_ENOMEM (then the
  * ring is unchanged). */
 int gm_ring_set_max(gm_ring_t *r, size_t max);
-/* Copy the events, oldest first, into out[0..count). */
+/* Copy the newest gm_ring_len(r) events, oldest first, into out, folded
+ * slots expanded into their two events. */
 void gm_ring_copy(const gm_ring_t *r, gm_hist_event_t *out);
 size_t gm_ring_bytes(const gm_ring_t *r);
 
