@@ -272,7 +272,7 @@ def _compile(d: Path, info: dict[str, Any], verbose: bool):
     t0 = time.monotonic()
     # Once per torch version: the one line a first install() prints.
     print(f"gpumem: building its torch shim for torch {torch.__version__} (once per torch "
-          f"version, about 25 s) into {d} (GPUMEM_CACHE_DIR moves the cache)",
+          f"version, about 15 s) into {d} (GPUMEM_CACHE_DIR moves the cache)",
           file=sys.stderr, flush=True)
     # One translation unit that includes every source: torch's headers, most
     # of the work, are compiled once instead of once per file (less than half
