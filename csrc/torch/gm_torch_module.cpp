@@ -338,6 +338,9 @@ PyObject* torch_settings(PyObject*, PyObject* args, PyObject* kwargs) {
     } catch (const c10::Error& e) { /* c10::ValueError included */
       PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
       return nullptr;
+    } catch (const std::logic_error& e) { /* std::stoull's, on a number torch cannot read */
+      PyErr_SetString(PyExc_ValueError, e.what());
+      return nullptr;
     }
   });
 }
