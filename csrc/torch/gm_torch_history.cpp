@@ -23,10 +23,19 @@
 
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <torch/csrc/jit/runtime/interpreter.h>
+#include <torch/csrc/jit/frontend/source_range.h>
 
 #include <chrono>
 #include <cstring>
+
+/* The TorchScript interpreter's call stack of this thread (outermost first),
+ * exported by libtorch_cpu in every supported release. Declared as in
+ * torch/csrc/jit/runtime/interpreter.h instead of including it: StackEntry
+ * is defined in source_range.h, and interpreter.h's other headers were a
+ * tenth of the shim's build time. */
+namespace torch::jit {
+TORCH_API std::vector<StackEntry> currentCallstack();
+}  // namespace torch::jit
 
 namespace gpumem {
 

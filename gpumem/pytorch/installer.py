@@ -5,8 +5,9 @@
 
 From then on every CUDA tensor's memory comes from gpumem's C core, through
 the torch shim (csrc/torch, built on first use by gpumem.pytorch.shim_build).  The
-shim registers with torch through ``torch.cuda.memory.CUDAPluggableAllocator``
-and ``change_current_allocator``; unlike a plain pluggable allocator it
+shim's allocator is a C++ ``CUDAPluggableAllocator`` of torch's, swapped in by
+the call ``torch.cuda.memory.change_current_allocator`` makes; unlike a plain
+pluggable allocator it
 raises torch.OutOfMemoryError, honours record_stream, and answers
 torch.cuda.memory_stats() itself.  With ``patch_torch=True`` (the default)
 torch.cuda's memory functions and torch.cuda.memory._record_memory_history /
@@ -219,18 +220,6 @@ def _not_initialised_error() -> InstallError:
         ".cuda(), .to('cuda'), torch.cuda.* call or model construction on the GPU")
 
 
-def _wrap(torch, allocator):
-    """The shim's allocator as a torch.cuda.memory.CUDAPluggableAllocator."""
-
-    class GpumemCUDAAllocator(torch.cuda.memory.CUDAPluggableAllocator):
-        """gpumem's allocator (made by the shim, not loaded from a .so by name)."""
-
-        def __init__(self, allocator):  # noqa: D107 - the base class loads a .so; not here
-            self._allocator = allocator
-
-    return GpumemCUDAAllocator(allocator)
-
-
 def _follow_settings_setter(torch, mod) -> None:
     """torch releases before 2.9 have no hook that a new allocator settings
     string passes through: their setter is wrapped instead, so that
@@ -284,11 +273,11 @@ def install(device: Any = None, patch_torch: bool = True) -> None:
             if not mod.is_current():
                 if torch.cuda.is_initialized():
                     raise _not_initialised_error()
-                wrapped = _wrap(torch, mod.create(settings))
+                mod.create(settings)
                 if not mod.follow_torch_settings():
                     _follow_settings_setter(torch, mod)
                 try:
-                    torch.cuda.memory.change_current_allocator(wrapped)
+                    mod.make_current()  # torch.cuda.memory.change_current_allocator's C++ call
                 except RuntimeError as e:
                     if "initialized" in str(e):
                         raise _not_initialised_error() from e
