@@ -98,6 +98,8 @@ def _conformance(python: str, env: dict, expr: str | None, tmp: Path) -> dict:
         kinds = {child.tag for child in case}
         slot = 1 if "skipped" in kinds else 2 if kinds & {"failure", "error"} else 0
         counts[mode][slot] += 1
+        if slot == 2:
+            print(f"  failed: {case.get('name')}", file=sys.stderr)
     return counts
 
 
