@@ -180,6 +180,9 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   int device_count() const { return device_count_.load(); }
   /* The OOM observers torch attached (copied; gm_torch_oom.cpp calls them). */
   std::vector<cca::OutOfMemoryObserver> oom_observers();
+  /* Whether setMemoryFraction was called for device (any fraction; before
+   * 2.10 the OOM message then names the limit, gm_torch_oom.cpp). */
+  bool fraction_was_set(int device) const { return fraction_set_[device].load(); }
 
  private:
   mutable std::mutex settings_mu_;
@@ -193,6 +196,8 @@ class GpumemAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   std::atomic<bool> initialized_{false}; /* set by init() */
   /* caching_allocator_enable; PYTORCH_NO_CUDA_MEMORY_CACHING keeps it off */
   std::atomic<bool> caching_{true};
+  std::atomic<bool> enable_asked_{true}; /* the last enable(value) (gm_torch_compat.h) */
+  std::atomic<bool> fraction_set_[kMaxDevices]; /* setMemoryFraction seen */
   std::mutex observers_mu_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_; /* protected by: observers_mu_ */
 

@@ -172,6 +172,8 @@ GpumemAllocator::GpumemAllocator(const gm_settings_t& settings)
       settings_(settings) {
   for (auto& c : cores_)
     c.store(nullptr, std::memory_order_relaxed);
+  for (auto& f : fraction_set_)
+    f.store(false, std::memory_order_relaxed);
   if (caching_forced_off())
     caching_.store(false);
 }
@@ -313,18 +315,26 @@ void GpumemAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device
   int rc = g_core->set_memory_fraction(a, fraction);
   TORCH_CHECK(rc == GM_OK, "gpumem: set_per_process_memory_fraction failed: ",
               core_error(a, rc));
+  fraction_set_[device].store(true);
 }
 
 void GpumemAllocator::enable(bool value) {
   bool on = value && !caching_forced_off(); /* the variable keeps caching off for good */
   std::lock_guard<std::mutex> guard(create_mu_); /* a core made meanwhile sees `on` */
+  enable_asked_.store(value);
   caching_.store(on);
   for (int d = 0; d < kMaxDevices; d++)
     if (gm_alloc_t* a = existing_core(d))
       g_core->set_caching(a, on ? 1 : 0);
 }
 
-bool GpumemAllocator::isEnabled() const { return caching_.load(); }
+bool GpumemAllocator::isEnabled() const {
+#if GM_TORCH_ENABLED_READS_ENV
+  return caching_.load();
+#else
+  return enable_asked_.load();
+#endif
+}
 
 void GpumemAllocator::emptyCache(c10::cuda::MempoolId_t mempool_id) {
   /* torch synchronises (and counts a sync for) every device's allocator,

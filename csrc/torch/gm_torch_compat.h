@@ -12,7 +12,8 @@
  * c10/core/AllocatorConfig.h, c10/cuda/CUDAAllocatorConfig.h).
  * The switches were read from the headers of 2.6.0, 2.7.1, 2.8.0, 2.9.1,
  * 2.10.0, 2.11.0, 2.12.1, 2.13.0 and 2.14.1, and the shim compiles against
- * each (built and loaded on 2.6.0, 2.10.0 and 2.14.1).
+ * each (built and loaded on 2.6.0, 2.10.0, 2.11.0, 2.12.1, 2.13.0 and
+ * 2.14.1).
  * Where a release lacks an interface, gpumem does what that release's own
  * allocator does (it has no such call, so nothing is routed to gpumem).
  * Must not: include anything of gpumem's.
@@ -35,6 +36,12 @@
 #define GM_TORCH_CONFIG_HOOK_GETTER GM_TORCH_AT_LEAST(2, 11)
 /* per_process_memory_fraction as an allocator setting. */
 #define GM_TORCH_FRACTION_SETTING GM_TORCH_AT_LEAST(2, 10)
+/* A fraction of 1.0 is no limit: the OOM message names none. Before, any
+ * set_per_process_memory_fraction call, 1.0 included, makes it name the
+ * limit from then on ("4.00 GiB allowed; ", seen with 2.6.0 on the
+ * simulated GPU; 2.10.0 names none). Assumed to have changed with the
+ * fraction as a setting (2.10); 2.7 to 2.9 not run. */
+#define GM_TORCH_FRACTION_ONE_NO_LIMIT GM_TORCH_FRACTION_SETTING
 
 /* MemPool through the allocator: createOrIncrefPool, setUseOnOOM,
  * setNoSplit, emptyCache(pool), snapshot(pool); before,
@@ -68,8 +75,8 @@
 #define GM_TORCH_ANNOTATE_MEMORY GM_TORCH_AT_LEAST(2, 14)
 
 /* The OOM message's hint, word for word from each release's libc10_cuda.so
- * (read in 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.10.0, 2.11.0, 2.12.1 and 2.14.1;
- * 2.13 is taken to follow 2.12 and 2.14): only 2.10 names
+ * (read in 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0 and
+ * 2.14.1): only 2.10 names
  * PYTORCH_ALLOC_CONF, every other release PYTORCH_CUDA_ALLOC_CONF; up to
  * 2.10 it links https://pytorch.org/docs/stable/notes/cuda.html#
  * environment-variables, from 2.11 the docs.pytorch.org page. */
@@ -77,12 +84,19 @@
 #define GM_TORCH_OOM_HINT_NEW_DOCS GM_TORCH_AT_LEAST(2, 11)
 
 /* A failing NVML call leaves the OOM message's process sentences out with
- * a warning (2.14.1's libc10_cuda.so); 2.6.0 to 2.12.1 assert instead.
+ * a warning (2.14.1's libc10_cuda.so); 2.6.0 to 2.13.0 assert instead.
  * Note [Process lines from NVML] in gm_torch_nvml.cpp. */
 #define GM_TORCH_OOM_NVML_WARNS GM_TORCH_AT_LEAST(2, 14)
 
 /* attachOomRejectionObserver and DeviceStats::num_oom_rejections. */
 #define GM_TORCH_OOM_REJECTION GM_TORCH_AT_LEAST(2, 12)
+
+/* isEnabled() (torch._C._cuda_cudaCachingAllocator_is_enabled, from 2.12)
+ * is false while PYTORCH_NO_CUDA_MEMORY_CACHING keeps caching off (2.13.0);
+ * before, it reports the last enable() asked, true at start, while the
+ * variable keeps caching off all the same (2.12.1; both seen on the
+ * simulated GPU). */
+#define GM_TORCH_ENABLED_READS_ENV GM_TORCH_AT_LEAST(2, 13)
 
 /* Keys of the allocator_settings dict torch's snapshot carries. */
 #define GM_TORCH_RECORD_STREAM_REUSE GM_TORCH_AT_LEAST(2, 9)

@@ -42,12 +42,12 @@
  * sentence; sizes in torch's format.
  *
  * Limitations: when NVML is missing the sentences are absent, as in torch.
- * When an NVML call fails, torch 2.6 to 2.12 (read in 2.6.0, 2.7.1, 2.8.0,
- * 2.9.1, 2.10.0, 2.11.0, 2.12.1) raise an INTERNAL ASSERT RuntimeError
- * instead of the out-of-memory error; 2.14.1 warns once with the failing
- * call's name and leaves the sentences out. gpumem always leaves them out
- * and raises the out-of-memory error; from 2.14 on it warns as torch does
- * (2.13 was not read: its CUDA wheel was not at hand).
+ * When an NVML call fails, torch 2.6 to 2.13 (read in 2.6.0, 2.7.1, 2.8.0,
+ * 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0) raise an INTERNAL ASSERT
+ * RuntimeError instead of the out-of-memory error; 2.14.1 warns once with
+ * the failing call's name and leaves the sentences out. gpumem always
+ * leaves them out and raises the out-of-memory error; from 2.14 on it warns
+ * as torch does.
  */
 
 namespace gpumem {

@@ -8,7 +8,7 @@
  * PYTORCH_CUDA_ALLOC_CONF hint (in the imported release's words): gpumem takes its settings from that
  * variable, and scripts and tools parse this text. "<limit> allowed; " is
  * there exactly when a memory fraction below 1 is in force (even one of 0
- * bytes). Free blocks cached in private pools count as "allocated in
+ * bytes), or before 2.10 once any fraction has been set. Free blocks cached in private pools count as "allocated in
  * private pools", as torch counts them. The process sentences after "is
  * free. " come from NVML, as torch's do (gm_torch_nvml.cpp).
  * Must not: be called with a core lock held.
@@ -63,8 +63,16 @@ std::string oom_message(int device, const gm_oom_info_t& oom) {
   return msg;
 }
 
-void throw_oom(GpumemAllocator& alloc, int device, const gm_oom_info_t& oom,
+void throw_oom(GpumemAllocator& alloc, int device, const gm_oom_info_t& core_oom,
                cudaStream_t stream) {
+  gm_oom_info_t oom = core_oom;
+#if !GM_TORCH_FRACTION_ONE_NO_LIMIT
+  /* A fraction of 1.0 set is a limit of the whole device here (gm_torch_compat.h). */
+  if (!oom.has_limit && alloc.fraction_was_set(device)) {
+    oom.has_limit = 1;
+    oom.allowed = oom.device_total;
+  }
+#endif
   std::string msg = oom_message(device, oom);
   /* Before the observers: the snapshot shows the state at the failure. */
   std::string extra = run_oom_hook(device, oom, reinterpret_cast<uintptr_t>(stream), msg.c_str());
