@@ -42,6 +42,8 @@
 #include <tuple>
 #include <vector>
 
+typedef struct _object PyObject;  // Python.h's declaration, without including Python.h
+
 #include "../history/hist.h"
 #include "../python/core_api.h"
 
@@ -261,13 +263,16 @@ std::string oom_message(int device, const gm_oom_info_t& oom);
 [[noreturn]] void throw_oom(GpumemAllocator& alloc, int device, const gm_oom_info_t& oom,
                             cudaStream_t stream);
 
-/* Run the Python OOM hook, if one is set (gm_torch_module.cpp, Note [OOM
+/* Run the Python OOM hook, if one is set (gm_torch_oom_hook.cpp, Note [OOM
  * hook]): returns the line it asks to append to the OOM message, or "" when
  * there is no hook, it returned None or failed, the interpreter is exiting,
  * or this thread is already inside the hook. Takes the GIL; call with no
  * core lock held. Never throws. */
 std::string run_oom_hook(int device, const gm_oom_info_t& oom, uintptr_t stream,
                          const char* message) noexcept;
+/* The shim module's set_oom_hook(hook): set, or with None clear, the hook
+ * (a callable; TypeError otherwise). Call with the GIL held. */
+PyObject* set_oom_hook(PyObject* self, PyObject* hook);  // PyObject: Python.h's, declared above
 
 /* The thread's TorchScript frames, if it is running TorchScript, and the
  * traceback id for a capture at `level` (gm_torch_history.cpp). */

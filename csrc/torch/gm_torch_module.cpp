@@ -8,7 +8,7 @@
  * Functions take device indices already resolved by Python; they never
  * initialise CUDA themselves except ensure_device(). Calls that may wait on
  * the device (empty_cache, ensure_device) release the GIL. set_oom_hook()
- * installs the Python callable behind run_oom_hook (Note [OOM hook]).
+ * (gm_torch_oom_hook.cpp) installs the Python callable behind run_oom_hook.
  * torch_settings() reads torch's allocator settings (Note [One parser:
  * torch's] in gm_torch_config.cpp); a bad setting raises torch's
  * ValueError. Written against the plain C API (no pybind11: its templates
@@ -25,218 +25,15 @@
 #include <c10/cuda/CUDAAllocatorConfig.h>
 
 #include "gm_torch.h"
+#include "gm_torch_pycall.h"
 
 using gpumem::GpumemAllocator;
-
-/*
- * Note [OOM hook]
- * Rationale: a snapshot written when an allocation fails must show the state
- *   at the failure (before the exception unwinds and frees the frames'
- *   tensors) and the exception message should name the file. torch's OOM
- *   observers cannot change the message, so gpumem.record registers its own
- *   hook here (gpumem/recording/oom.py, _on_oom).
- * Approach: throw_oom calls run_oom_hook after the core has returned GM_EOOM
- *   (its lock released, the `oom` event already in the device's ring) and
- *   before the observers and the throw. The hook is a strong reference
- *   protected by the GIL; an atomic flag lets threads skip the GIL when none
- *   is set. run_oom_hook takes the GIL with PyGILState_Ensure, which works on
- *   any thread: Python threads that hold it or released it around a torch
- *   call, and torch's autograd device threads (backward runs there while the
- *   calling thread waits with the GIL released). Lock order stays GIL ->
- *   core lock: nothing of gpumem's is held while waiting for the GIL. The
- *   hook is called as hook(device, requested, rounded, device_free,
- *   device_total, stream, message) and returns a str (one line to append to
- *   the message) or None; its exceptions are reported as unraisable and
- *   dropped, and any Python error already pending on the thread is kept.
- * Limitations: a thread that holds the GIL while waiting for the thread that
- *   hit the OOM would deadlock, as with torch's own Python OOM observers
- *   (torch never does that; backward releases the GIL). An OOM inside the
- *   hook (the hook never allocates device memory) is not hooked again on the
- *   same thread. Once the interpreter is finalizing the hook is skipped
- *   (gpumem also unsets it at exit); an OOM on another thread in the instant
- *   finalization starts can still be stopped by CPython inside
- *   PyGILState_Ensure, as torch's own observers can (pytorch#190489).
- */
-namespace {
-
-PyObject* g_oom_hook = nullptr;           /* protected by: the GIL (strong reference) */
-std::atomic<bool> g_oom_hook_set{false};  /* a hint read without the GIL */
-thread_local bool t_in_oom_hook = false;
-
-bool interpreter_exiting() {
-  if (!Py_IsInitialized())
-    return true;
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing() != 0;
-#else
-  return _Py_IsFinalizing() != 0;
-#endif
-}
-
-PyObject* set_oom_hook(PyObject*, PyObject* fn) {
-  if (fn != Py_None && !PyCallable_Check(fn)) {
-    PyErr_SetString(PyExc_TypeError, "the OOM hook must be callable or None");
-    return nullptr;
-  }
-  PyObject* old = g_oom_hook;
-  if (fn == Py_None) {
-    g_oom_hook = nullptr;
-  } else {
-    Py_INCREF(fn);
-    g_oom_hook = fn;
-  }
-  g_oom_hook_set.store(g_oom_hook != nullptr, std::memory_order_release);
-  Py_XDECREF(old); /* a call in progress holds its own reference */
-  Py_RETURN_NONE;
-}
-
-}  // namespace
-
-std::string gpumem::run_oom_hook(int device, const gm_oom_info_t& oom, uintptr_t stream,
-                                 const char* message) noexcept {
-  if (!g_oom_hook_set.load(std::memory_order_acquire) || t_in_oom_hook || interpreter_exiting())
-    return {};
-  t_in_oom_hook = true;
-  std::string out;
-  PyGILState_STATE gs = PyGILState_Ensure();
-  PyObject *et, *ev, *etb;
-  PyErr_Fetch(&et, &ev, &etb);
-  PyObject* hook = g_oom_hook;
-  Py_XINCREF(hook);
-  if (hook) {
-    PyObject* r = PyObject_CallFunction(
-        hook, "iKKKKKs", device, static_cast<unsigned long long>(oom.requested),
-        static_cast<unsigned long long>(oom.rounded),
-        static_cast<unsigned long long>(oom.device_free),
-        static_cast<unsigned long long>(oom.allowed ? oom.allowed : oom.device_total),
-        static_cast<unsigned long long>(stream), message);
-    if (!r) {
-      PyErr_WriteUnraisable(hook);
-    } else {
-      if (PyUnicode_Check(r)) {
-        Py_ssize_t n = 0;
-        const char* s = PyUnicode_AsUTF8AndSize(r, &n);
-        if (s) {
-          try {
-            out.assign(s, static_cast<size_t>(n));
-          } catch (...) {
-            out.clear();
-          }
-        } else {
-          PyErr_Clear();
-        }
-      }
-      Py_DECREF(r);
-    }
-    Py_DECREF(hook);
-  }
-  PyErr_Restore(et, ev, etb);
-  PyGILState_Release(gs);
-  t_in_oom_hook = false;
-  return out;
-}
 
 #ifndef GM_TORCH_VERSION
 #define GM_TORCH_VERSION "unknown"
 #endif
 
-/* torch's own translation of a C++ exception into a Python one (c10::Error
- * to RuntimeError, c10::ValueError to ValueError, c10::OutOfMemoryError to
- * torch.OutOfMemoryError, ...), exported by libtorch_python in every
- * supported release; declared here instead of including
- * torch/csrc/Exceptions.h, which pulls in pybind11. */
-namespace torch {
-__attribute__((visibility("default"))) void translate_exception_to_python(const std::exception_ptr&);
-}  // namespace torch
-
 namespace {
-
-/* Run `body` (returning a new reference, or nullptr with an exception set);
- * a C++ exception becomes torch's Python exception for it. */
-template <typename F>
-PyObject* guarded(F&& body) noexcept {
-  try {
-    return body();
-  } catch (...) {
-    torch::translate_exception_to_python(std::current_exception());
-    return nullptr;
-  }
-}
-
-GpumemAllocator& need_instance() {
-  GpumemAllocator* a = gpumem::instance();
-  if (!a)
-    throw std::runtime_error("gpumem's torch allocator has not been created; call gpumem.install()");
-  return *a;
-}
-
-/* The device argument of `args` (one int), range-checked; false with an
- * exception set otherwise. */
-bool device_arg(PyObject* args, const char* fmt, int* device) {
-  if (!PyArg_ParseTuple(args, fmt, device))
-    return false;
-  if (*device < 0 || *device >= gpumem::kMaxDevices) {
-    PyErr_Format(PyExc_ValueError, "device %d is out of range", *device);
-    return false;
-  }
-  return true;
-}
-
-/* Run `body` with the GIL released (it may wait on the device); its C++
- * exception is thrown again once the GIL is held. */
-template <typename F>
-void without_gil(F&& body) {
-  std::exception_ptr failed;
-  Py_BEGIN_ALLOW_THREADS
-  try {
-    body();
-  } catch (...) {
-    failed = std::current_exception();
-  }
-  Py_END_ALLOW_THREADS
-  if (failed)
-    std::rethrow_exception(failed);
-}
-
-PyObject* py_bool(bool v) { return PyBool_FromLong(v); }
-
-PyObject* py_str(const std::string& s) {
-  return PyUnicode_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
-}
-
-/* d[key] = value, stealing value; false (exception set) on failure. */
-bool put(PyObject* d, const char* key, PyObject* value) {
-  if (!value)
-    return false;
-  int rc = PyDict_SetItemString(d, key, value);
-  Py_DECREF(value);
-  return rc == 0;
-}
-
-/* A new dict, or nullptr (exception set) when `fill` fails. */
-template <typename F>
-PyObject* make_dict(F&& fill) {
-  PyObject* d = PyDict_New();
-  if (d && !fill(d))
-    Py_CLEAR(d);
-  return d;
-}
-
-template <typename T>
-const T* import_capsule(const char* name, unsigned version, const char* what) {
-  const T* api = static_cast<const T*>(PyCapsule_Import(name, 0));
-  if (!api)
-    return nullptr;
-  unsigned have = static_cast<unsigned>(api->version);
-  if (have != version) {
-    PyErr_Format(PyExc_ImportError,
-                 "gpumem's torch shim was built for %s version %u but gpumem._C provides version "
-                 "%u; rebuild the shim with gpumem.pytorch.shim_build.build(force=True)",
-                 what, version, have);
-    return nullptr;
-  }
-  return api;
-}
 
 PyObject* settings_dict(const gm_settings_t& s) { return gpumem::g_core->settings_dict(&s); }
 
@@ -654,10 +451,10 @@ PyMethodDef methods[] = {
     GM_FN(memory_fraction, METH_VARARGS, "memory_fraction(device)"),
     GM_FN(memory_limit, METH_VARARGS, "memory_limit(device): the core's limit in bytes (0 before its first use)."),
     GM_FN(mem_get_info, METH_VARARGS, "mem_get_info(device) -> (free, total)"),
-    GM_FN(set_oom_hook, METH_O,
+    {"set_oom_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(gpumem::set_oom_hook)), METH_O,
           "set_oom_hook(hook): set (or, with None, clear) the callable run when an allocation "
           "fails with out of memory: hook(device, requested, rounded, device_free, device_total, "
-          "stream, message) -> str to append to the message, or None (Note [OOM hook])."),
+          "stream, message) -> str to append to the message, or None (Note [OOM hook])."},
     GM_FN(device_count, METH_NOARGS, "How many devices torch announced through init() (0 before)."),
     {nullptr, nullptr, 0, nullptr}};
 

@@ -46,9 +46,10 @@ MODULE_NAME = "gpumem_torch_shim"
 _INFO_FILE = MODULE_NAME + ".json"
 #: Bumped when the build recipe below changes in a way the sources do not show.
 _RECIPE = 4
-_SOURCES = ("torch/gm_torch.h", "torch/gm_torch_compat.h", "torch/gm_torch_alloc.cpp", "torch/gm_torch_config.cpp",
+_SOURCES = ("torch/gm_torch.h", "torch/gm_torch_compat.h", "torch/gm_torch_pycall.h",
+            "torch/gm_torch_alloc.cpp", "torch/gm_torch_config.cpp",
             "torch/gm_torch_history.cpp", "torch/gm_torch_module.cpp", "torch/gm_torch_nvml.cpp",
-            "torch/gm_torch_oom.cpp",
+            "torch/gm_torch_oom.cpp", "torch/gm_torch_oom_hook.cpp",
             "torch/gm_torch_pools.cpp", "torch/gm_torch_snapshot.cpp", "torch/gm_torch_stats.cpp")
 _HEADERS = ("python/core_api.h", "history/hist.h", "core/gm_alloc.h", "base/errors.h", "base/format.h",
             "device/backend.h")

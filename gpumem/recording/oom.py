@@ -3,7 +3,7 @@
 gpumem.install() (gpumem.pytorch.installer) calls down here: ``check_env()`` refuses a
 bad GPUMEM_OOM_RECORDING before anything is swapped in, and
 ``install_hook(shim)`` sets the shim's OOM hook (Note [OOM hook] in
-csrc/torch/gm_torch_module.cpp) and arms GPUMEM_OOM_SNAPSHOT.  An
+csrc/torch/gm_torch_oom_hook.cpp) and arms GPUMEM_OOM_SNAPSHOT.  An
 allocation that fails then writes one snapshot, to every target that
 applies: the active gpumem.record() recorder with ``dump_on_oom`` (next to
 its file) and the GPUMEM_OOM_SNAPSHOT directory; the rules are in

@@ -20,7 +20,7 @@ the whole process when ``GPUMEM_OOM_SNAPSHOT=/dir`` is set when
 gpumem.install() runs (recording, if it is off then, starts with
 ENV_RECORDING, which ``GPUMEM_OOM_RECORDING=context:alloc,max_entries:20000``
 changes), an allocation that fails writes a snapshot before the
-exception reaches Python (Note [OOM hook] in csrc/torch/gm_torch_module.cpp:
+exception reaches Python (Note [OOM hook] in csrc/torch/gm_torch_oom_hook.cpp:
 the hook runs on the failing thread, autograd threads included, with no
 allocator lock held).  The snapshot holds the ``oom`` event and the segments
 at the failure; it is taken from host-side copies and pickled to a file, so

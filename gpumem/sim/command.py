@@ -645,7 +645,7 @@ def write_report(path: str, report: dict, prog: str) -> None:
         print(f"{prog}: cannot write {os.path.basename(path)}: {e.strerror or e}", file=sys.stderr)
 
 
-STOP_GRACE = 10.0   # seconds the run has to write its snapshots after SIGTERM or SIGINT
+STOP_GRACE = 20.0   # seconds the run has to write its snapshots after SIGTERM or SIGINT
 
 
 def _descendants(pid: int) -> list[int]:

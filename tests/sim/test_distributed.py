@@ -34,6 +34,7 @@ from torch_helpers import _env, built_shim
 pytestmark = [pytest.mark.slow, needs_torch]  # each torchrun takes 5 to 20 s on 2 cores
 
 MIB = 1 << 20
+SETTLE = Path(__file__).resolve().parent / "exit_settle"   # its sitecustomize.py
 # Note [NCCL buffer memory] (simgpu/nccl/nccl_mem.c): 16 channels x 2
 # connections x (NCCL_BUFFSIZE + NCCL_LL_BUFFSIZE + NCCL_LL128_BUFFSIZE)
 NCCL_COMM_BYTES = 16 * 2 * (4 * MIB + 8 * 512 * 8 * 16 + 120 * 640 * 8 * 8)
@@ -60,6 +61,7 @@ def launch(cwd: Path, world: int, how: str, argv: list, env=None, memory=None):
     cmd = pre + [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                  "--master-port", str(port), *map(str, argv)]
     e = _env(dict(env or {}, USE_GPUMEM="1" if how == "install" else "0"))
+    e["PYTHONPATH"] = os.pathsep.join([str(SETTLE)] + [p for p in [e.get("PYTHONPATH")] if p])
     return subprocess.run(cmd, cwd=cwd, env=e, capture_output=True, text=True, timeout=600)
 
 
