@@ -52,7 +52,13 @@ Approach: under gpumem simulate (every process of the run, gpumem/sim/
 Limitations: python -m gpumem.sim with torch's allocator runs no code in
   the ranks, so there the unpickling error stays; broadcast_object_list and
   scatter_object_list on a rank other than the source get meaningless bytes
-  in the same way and are not refused.
+  in the same way and are not refused.  Moving Send/Recv data between the
+  processes of a full run is not enough (tried on 2026-11-28 with a channel
+  per communicator in the fake NCCL: the bytes arrived): the size that
+  send_object_list sends is the output of torch.cat and the stages' vote a
+  product, both kernels, which compute nothing here, so the receiver still
+  reads sizes of 0.  Pipeline parallelism needs these exchanges answered in
+  Python (from the store) in every rank, under both allocators.
 """
 
 from __future__ import annotations
