@@ -218,45 +218,125 @@
     return lo;
   }
   function offAt(b, j) { return tl.cv[b][changeAt(b, j)]; }
+  // Note [Pixel columns]
+  // Rationale: zoomed out, a 1,000,000-event trace has ten thousand samples for about
+  // thirteen hundred pixels, and a step outline with two vertices a sample kept the
+  // browser's rasteriser busy for most of a second after the script had drawn.
+  // Approach: the steps of an outline that start in the same device-pixel column are
+  // drawn as one step there, from the lowest low to the highest high among them, so a
+  // path has at most a few vertices a column.  With one step or less a column (zoomed
+  // in, or a short trace) every step is drawn as it is.
+  // Limitations: inside one pixel column a merged step is painted solid from its lowest
+  // to its highest level, where the exact outline was partly covered (anti-aliased).
+  var colX = [], colLo = [], colHi = [];
+  // The region between lowAt(i) and highAt(i) over n steps; step i starts at sample
+  // jAt(i) and lasts until the next step starts, the last one until sample jLast ends.
+  function stepRegion(ctx, g, n, jAt, lowAt, highAt, jLast) {
+    var m = 0, col = NaN, i, k;
+    for (i = 0; i < n; i++) {
+      var x = xOf(g, TL.ev[jAt(i)]), c = Math.floor(x * DPR), lo = lowAt(i), hi = highAt(i);
+      if (c === col) {
+        if (lo < colLo[m - 1]) colLo[m - 1] = lo;
+        if (hi > colHi[m - 1]) colHi[m - 1] = hi;
+        continue;
+      }
+      colX[m] = x; colLo[m] = lo; colHi[m] = hi; m++; col = c;
+    }
+    var xe = xOf(g, evEnd(jLast));
+    ctx.moveTo(colX[0], yOf(g, colHi[0]));
+    for (k = 1; k < m; k++) {
+      ctx.lineTo(colX[k], yOf(g, colHi[k - 1]));
+      ctx.lineTo(colX[k], yOf(g, colHi[k]));
+    }
+    ctx.lineTo(xe, yOf(g, colHi[m - 1]));
+    ctx.lineTo(xe, yOf(g, colLo[m - 1]));
+    for (k = m - 1; k > 0; k--) {
+      ctx.lineTo(colX[k], yOf(g, colLo[k]));
+      ctx.lineTo(colX[k], yOf(g, colLo[k - 1]));
+    }
+    ctx.lineTo(colX[0], yOf(g, colLo[0]));
+    ctx.closePath();
+  }
   // A band's outline as steps: its level holds from ev[j] until the next sample.
   function bandPath(ctx, g, b, r) {
     var band = TL.bands[b], size = band[2], cj = tl.cj[b], cv = tl.cv[b];
     var j0 = Math.max(band[0], r[0]), j1 = Math.min(band[1], r[1]);
     if (j0 > j1) return false;
-    var k0 = changeAt(b, j0), k1 = changeAt(b, j1), k, x;
-    ctx.moveTo(xOf(g, TL.ev[j0]), yOf(g, cv[k0] + size));
-    for (k = k0 + 1; k <= k1; k++) {
-      x = xOf(g, TL.ev[cj[k]]);
-      ctx.lineTo(x, yOf(g, cv[k - 1] + size));
-      ctx.lineTo(x, yOf(g, cv[k] + size));
-    }
-    x = xOf(g, evEnd(j1));
-    ctx.lineTo(x, yOf(g, cv[k1] + size));
-    ctx.lineTo(x, yOf(g, cv[k1]));
-    for (k = k1; k > k0; k--) {
-      x = xOf(g, TL.ev[cj[k]]);
-      ctx.lineTo(x, yOf(g, cv[k]));
-      ctx.lineTo(x, yOf(g, cv[k - 1]));
-    }
-    ctx.lineTo(xOf(g, TL.ev[j0]), yOf(g, cv[k0]));
-    ctx.closePath();
+    var k0 = changeAt(b, j0), k1 = changeAt(b, j1);
+    stepRegion(ctx, g, k1 - k0 + 1, function (i) { return i ? cj[k0 + i] : j0; },
+               function (i) { return cv[k0 + i]; }, function (i) { return cv[k0 + i] + size; }, j1);
     return true;
   }
-  function stepLine(ctx, g, value, r) {   // value(j): the level from ev[j] to the next sample
-    ctx.moveTo(xOf(g, TL.ev[r[0]]), yOf(g, value(r[0])));
+  // A step line (value(j): the level from ev[j] to the next sample), a column at a time:
+  // a merged column is a vertical stroke over its levels (Note [Pixel columns]).
+  function stepLine(ctx, g, value, r) {
+    var col = NaN, x = 0, first = 0, lo = 0, hi = 0, last = 0, prev = null;
+    function flush() {
+      if (prev === null) ctx.moveTo(x, yOf(g, first)); else ctx.lineTo(x, yOf(g, prev));
+      if (lo < hi) { ctx.lineTo(x, yOf(g, lo)); ctx.lineTo(x, yOf(g, hi)); }
+      ctx.lineTo(x, yOf(g, last));
+      prev = last;
+    }
     for (var j = r[0]; j <= r[1]; j++) {
-      ctx.lineTo(xOf(g, TL.ev[j]), yOf(g, value(j)));
-      ctx.lineTo(xOf(g, evEnd(j)), yOf(g, value(j)));
+      var xj = xOf(g, TL.ev[j]), c = Math.floor(xj * DPR), v = value(j);
+      if (c === col) { lo = Math.min(lo, v); hi = Math.max(hi, v); last = v; continue; }
+      if (j > r[0]) flush();
+      col = c; x = xj; first = lo = hi = last = v;
+    }
+    flush();
+    ctx.lineTo(xOf(g, evEnd(r[1])), yOf(g, last));
+  }
+  // Paints, source-over onto img (an ImageData: unpremultiplied RGBA, device pixels), the
+  // region between ya[i] and yb[i] (rows, ya[i] <= yb[i]) over steps i = 0..n-1, step i
+  // spanning columns xs[i] to xs[i + 1] (xs increasing; all fractional).  Each pixel gets
+  // the share of its area the region covers, what a rasteriser's anti-aliasing gives the
+  // step outline as a path, a column at a time: the cost grows with the pixels and the
+  // steps, not with a path of two vertices a step (Note [Pixel columns]).
+  function paintSteps(img, n, xs, ya, yb, rgb) {
+    var w = img.width, h = img.height, px = img.data, i, s = 0;
+    var part = new Float64Array(h + 1), full = new Float64Array(h + 1);
+    for (var c = 0; c < w; c++) {
+      while (s < n && xs[s + 1] <= c) s++;
+      if (s >= n) break;
+      if (xs[s] >= c + 1) continue;
+      part.fill(0); full.fill(0);
+      for (i = s; i < n && xs[i] < c + 1; i++) {
+        var ox = Math.min(xs[i + 1], c + 1) - Math.max(xs[i], c);
+        var a = Math.max(0, ya[i]), b = Math.min(h, yb[i]);
+        if (ox <= 0 || b <= a) continue;
+        var ra = Math.floor(a), rb = Math.floor(b);
+        if (ra === rb) { part[ra] += ox * (b - a); continue; }
+        part[ra] += ox * (ra + 1 - a); full[ra + 1] += ox; full[rb] -= ox;
+        part[rb] += ox * (b - rb);
+      }
+      for (var row = 0, acc = 0; row < h; row++) {
+        acc += full[row];
+        var v = Math.min(1, acc + part[row]);
+        if (v <= 1e-3) continue;
+        var at = (row * w + c) * 4, under = px[at + 3] / 255 * (1 - v), out = v + under;
+        for (var k = 0; k < 3; k++) px[at + k] = Math.round((rgb[k] * v + px[at + k] * under) / out);
+        px[at + 3] = Math.round(out * 255);
+      }
     }
   }
-  function stepLineBack(ctx, g, value, r) {
-    for (var j = r[1]; j >= r[0]; j--) {
-      ctx.lineTo(xOf(g, evEnd(j)), yOf(g, value(j)));
-      ctx.lineTo(xOf(g, TL.ev[j]), yOf(g, value(j)));
+  // The small allocations' band, painted into the plot area of the freshly cleared canvas.
+  var SMALL_RGB = [0xc9, 0xce, 0xd6];   // #c9ced6
+  function paintSmall(ctx, g, r) {
+    var x0 = Math.round(g.L * DPR), y0 = Math.round((g.T - 2) * DPR);
+    var w = Math.round((g.L + g.W) * DPR) - x0, h = Math.round((g.T + g.H) * DPR) - y0;
+    if (w <= 0 || h <= 0) return;
+    var n = r[1] - r[0] + 1, xs = new Float64Array(n + 1), ya = new Float64Array(n), yb = new Float64Array(n);
+    for (var i = 0; i < n; i++) {
+      var j = r[0] + i;
+      xs[i] = xOf(g, TL.ev[j]) * DPR - x0;
+      ya[i] = yOf(g, tl.big[j] + TL.small[j]) * DPR - y0;
+      yb[i] = yOf(g, tl.big[j]) * DPR - y0;
     }
+    xs[n] = xOf(g, evEnd(r[1])) * DPR - x0;
+    var img = ctx.createImageData(w, h);
+    paintSteps(img, n, xs, ya, yb, SMALL_RGB);
+    ctx.putImageData(img, x0, y0);
   }
-  function smallTop(j) { return tl.big[j] + TL.small[j]; }
-  function smallBottom(j) { return tl.big[j]; }
   function reservedAt(j) { return TL.reserved[j]; }
   function drawTimeline() {
     if (!tl) return;
@@ -266,14 +346,9 @@
     var vmax = 1;
     for (j = r[0]; j <= r[1]; j++) vmax = Math.max(vmax, TL.total[j], TL.reserved ? TL.reserved[j] : 0);
     tl.yMax = vmax * 1.08;
+    paintSmall(ctx, g, r);   // small allocations, folded into one band on top of the others
     ctx.save();
     ctx.beginPath(); ctx.rect(g.L, g.T - 2, g.W, g.H + 2); ctx.clip();
-    // small allocations, folded into one band on top of the others
-    ctx.beginPath();
-    stepLine(ctx, g, smallTop, r);
-    stepLineBack(ctx, g, smallBottom, r);
-    ctx.closePath();
-    ctx.fillStyle = "#c9ced6"; ctx.fill();
     var drawn = 0;
     for (var b = 0; b < TL.bands.length; b++) {
       ctx.beginPath();
@@ -662,6 +737,7 @@
     data: D,
     fmtBytes: fmtBytes,   // shared with viewer_categories.js
     categoryColor: categoryColor,
+    paintSteps: paintSteps,   // viewer_categories.js paints its stacked bands with it
     showTip: showTip,
     hideTip: hideTip,
     // Milliseconds to draw both canvases again (the cost of a zoom or a resize).
