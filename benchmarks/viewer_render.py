@@ -10,7 +10,9 @@ page), then the page opened in Debian's headless chromium (driven over
 DevTools as tests/test_view_browser.py does, offline) until it marks itself
 drawn (body[data-ready=1]: header, timeline, segments and table rendered)
 and answers (the poll waits while the page is still painting).
-The figure is the median over the rounds of the sum, "first render".  With
+The figure is the median over the rounds of the sum, "first render"; the
+``gpumem view`` process's CPU seconds (user + system) are given too, since
+on a shared machine they move less than its wall seconds.  With
 --baseline REV, gpumem REV's viewer (its gpumem/ package from git, with the
 working tree's built gpumem._C beside it, or with --baseline-ext SO REV's own
 build) is measured in the same rounds, alternately, in the same browser, so
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import pickle
+import resource
 import shutil
 import statistics
 import subprocess
@@ -42,14 +45,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpumem_trees import byte_compile, copy_working_tree, revision_tree  # noqa: E402
 
 
-def write_page(snapshot: Path, out: Path, package_root: Path) -> float:
+def write_page(snapshot: Path, out: Path, package_root: Path) -> tuple[float, float]:
     """``gpumem view`` in a new process, with the gpumem package under
-    package_root; seconds taken."""
+    package_root: seconds taken, and the CPU seconds (user + system) it used."""
     env = dict(os.environ, PYTHONPATH=str(package_root))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "gpumem", "view", str(snapshot), "-o", str(out)],
                    env=env, check=True, capture_output=True, text=True, cwd=str(package_root))
-    return time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return took, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def first_render_ms(browser, page_path: Path) -> tuple[float, float]:
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         view_ms: dict[str, list[float]] = {name: [] for name in trees}
         draw_ms: dict[str, list[float]] = {name: [] for name in trees}
         script_ms: dict[str, list[float]] = {name: [] for name in trees}
+        view_cpu_ms: dict[str, list[float]] = {name: [] for name in trees}
         load_before = os.getloadavg()
         browser = Chromium()
         try:
@@ -111,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                 first_render_ms(browser, pages[name])
             for _ in range(args.rounds):
                 for name, tree in trees.items():
-                    view_ms[name].append(write_page(snap, pages[name], tree) * 1000)
+                    took, cpu = write_page(snap, pages[name], tree)
+                    view_ms[name].append(took * 1000)
+                    view_cpu_ms[name].append(cpu * 1000)
                     took, in_page = first_render_ms(browser, pages[name])
                     draw_ms[name].append(took)
                     script_ms[name].append(in_page)
@@ -127,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 "first_render_ms_median": round(statistics.median(total), 1),
                 "first_render_ms": [round(t, 1) for t in total],
                 "gpumem_view_ms_median": round(statistics.median(view_ms[name]), 1),
+                "gpumem_view_cpu_ms_median": round(statistics.median(view_cpu_ms[name]), 1),
                 "browser_draw_ms_median": round(statistics.median(draw_ms[name]), 1),
                 "page_script_ms_median": round(statistics.median(script_ms[name]), 1),
                 "page_bytes": pages[name].stat().st_size}
@@ -140,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, v in result["viewers"].items():
             print(f"{name} ({v['revision']}): first render {v['first_render_ms_median']} ms "
                   f"(median of {args.rounds}: gpumem view {v['gpumem_view_ms_median']} ms, "
+                  f"{v['gpumem_view_cpu_ms_median']} CPU ms, "
                   f"browser {v['browser_draw_ms_median']} ms), page "
                   f"{v['page_bytes'] / 2**20:.2f} MiB")
     return 0

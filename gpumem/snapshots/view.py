@@ -303,10 +303,10 @@ def _table(snap: dict, dev: int, m: DeviceModel, out: _Out) -> dict:
 
 def _header(snap: dict, dev: int, m: DeviceModel) -> dict:
     seg = segment_totals(snap, dev)
+    traced = m.trace_allocations()   # a pass over every allocation: once
     h: dict[str, Any] = {"events": m.n_events, "segments": seg["segments"],
                          "reserved_end": seg["reserved"], "allocated_end": seg["allocated"],
-                         "allocations": m.trace_allocations(),
-                         "live_before": len(m.a_start) - m.trace_allocations(),
+                         "allocations": traced, "live_before": len(m.a_start) - traced,
                          "ooms": len(m.ooms), "markers": m.marker_source}
     if m.has_trace:
         res = m.reserved_at(m.peak_index)
