@@ -164,15 +164,17 @@
     }
     var yMax = 1;
     for (var j = 0; j < S; j++) {
-      if (byStart[j]) active = active.concat(byStart[j]);
-      var y = 0, expired = false;
-      for (var k = 0; k < active.length; k++) {
+      var starting = byStart[j];
+      if (starting) for (var q = 0; q < starting.length; q++) active.push(starting[q]);
+      var y = 0, kept = 0;
+      for (var k = 0; k < active.length; k++) {   // in place: the bands still live, in order
         var bb = active[k];
-        if (B[bb][1] < j) { expired = true; continue; }
+        if (B[bb][1] < j) continue;
+        active[kept++] = bb;
         if (y !== last[bb]) { cj[bb].push(j); cv[bb].push(y); last[bb] = y; }
         y += B[bb][2];
       }
-      if (expired) active = active.filter(function (x) { return B[x][1] >= j; });
+      active.length = kept;
       big[j] = y;
       yMax = Math.max(yMax, y + TL.small[j], TL.reserved ? TL.reserved[j] : 0);
     }
@@ -314,7 +316,11 @@
         var v = Math.min(1, acc + part[row]);
         if (v <= 1e-3) continue;
         var at = (row * w + c) * 4, under = px[at + 3] / 255 * (1 - v), out = v + under;
-        for (var k = 0; k < 3; k++) px[at + k] = Math.round((rgb[k] * v + px[at + k] * under) / out);
+        if (under === 0) {
+          px[at] = rgb[0]; px[at + 1] = rgb[1]; px[at + 2] = rgb[2];
+        } else {
+          for (var k = 0; k < 3; k++) px[at + k] = Math.round((rgb[k] * v + px[at + k] * under) / out);
+        }
         px[at + 3] = Math.round(out * 255);
       }
     }
