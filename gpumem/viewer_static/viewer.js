@@ -220,74 +220,49 @@
     return lo;
   }
   function offAt(b, j) { return tl.cv[b][changeAt(b, j)]; }
-  // Note [Pixel columns]
-  // Rationale: zoomed out, a 1,000,000-event trace has ten thousand samples for about
-  // thirteen hundred pixels, and a step outline with two vertices a sample kept the
-  // browser's rasteriser busy for most of a second after the script had drawn.
-  // Approach: the steps of an outline that start in the same device-pixel column are
-  // drawn as one step there, from the lowest low to the highest high among them, so a
-  // path has at most a few vertices a column.  With one step or less a column (zoomed
-  // in, or a short trace) every step is drawn as it is.
-  // Limitations: inside one pixel column a merged step is painted solid from its lowest
-  // to its highest level, where the exact outline was partly covered (anti-aliased).
-  var colX = [], colLo = [], colHi = [];
-  // The region between lowAt(i) and highAt(i) over n steps; step i starts at sample
-  // jAt(i) and lasts until the next step starts, the last one until sample jLast ends.
-  function stepRegion(ctx, g, n, jAt, lowAt, highAt, jLast) {
-    var m = 0, col = NaN, i, k;
-    for (i = 0; i < n; i++) {
-      var x = xOf(g, TL.ev[jAt(i)]), c = Math.floor(x * DPR), lo = lowAt(i), hi = highAt(i);
-      if (c === col) {
-        if (lo < colLo[m - 1]) colLo[m - 1] = lo;
-        if (hi > colHi[m - 1]) colHi[m - 1] = hi;
-        continue;
-      }
-      colX[m] = x; colLo[m] = lo; colHi[m] = hi; m++; col = c;
-    }
-    var xe = xOf(g, evEnd(jLast));
-    ctx.moveTo(colX[0], yOf(g, colHi[0]));
-    for (k = 1; k < m; k++) {
-      ctx.lineTo(colX[k], yOf(g, colHi[k - 1]));
-      ctx.lineTo(colX[k], yOf(g, colHi[k]));
-    }
-    ctx.lineTo(xe, yOf(g, colHi[m - 1]));
-    ctx.lineTo(xe, yOf(g, colLo[m - 1]));
-    for (k = m - 1; k > 0; k--) {
-      ctx.lineTo(colX[k], yOf(g, colLo[k]));
-      ctx.lineTo(colX[k], yOf(g, colLo[k - 1]));
-    }
-    ctx.lineTo(colX[0], yOf(g, colLo[0]));
-    ctx.closePath();
-  }
   // A band's outline as steps: its level holds from ev[j] until the next sample.
   function bandPath(ctx, g, b, r) {
     var band = TL.bands[b], size = band[2], cj = tl.cj[b], cv = tl.cv[b];
     var j0 = Math.max(band[0], r[0]), j1 = Math.min(band[1], r[1]);
     if (j0 > j1) return false;
-    var k0 = changeAt(b, j0), k1 = changeAt(b, j1);
-    stepRegion(ctx, g, k1 - k0 + 1, function (i) { return i ? cj[k0 + i] : j0; },
-               function (i) { return cv[k0 + i]; }, function (i) { return cv[k0 + i] + size; }, j1);
+    var k0 = changeAt(b, j0), k1 = changeAt(b, j1), k, x;
+    ctx.moveTo(xOf(g, TL.ev[j0]), yOf(g, cv[k0] + size));
+    for (k = k0 + 1; k <= k1; k++) {
+      x = xOf(g, TL.ev[cj[k]]);
+      ctx.lineTo(x, yOf(g, cv[k - 1] + size));
+      ctx.lineTo(x, yOf(g, cv[k] + size));
+    }
+    x = xOf(g, evEnd(j1));
+    ctx.lineTo(x, yOf(g, cv[k1] + size));
+    ctx.lineTo(x, yOf(g, cv[k1]));
+    for (k = k1; k > k0; k--) {
+      x = xOf(g, TL.ev[cj[k]]);
+      ctx.lineTo(x, yOf(g, cv[k]));
+      ctx.lineTo(x, yOf(g, cv[k - 1]));
+    }
+    ctx.lineTo(xOf(g, TL.ev[j0]), yOf(g, cv[k0]));
+    ctx.closePath();
     return true;
   }
-  // A step line (value(j): the level from ev[j] to the next sample), a column at a time:
-  // a merged column is a vertical stroke over its levels (Note [Pixel columns]).
-  function stepLine(ctx, g, value, r) {
-    var col = NaN, x = 0, first = 0, lo = 0, hi = 0, last = 0, prev = null;
-    function flush() {
-      if (prev === null) ctx.moveTo(x, yOf(g, first)); else ctx.lineTo(x, yOf(g, prev));
-      if (lo < hi) { ctx.lineTo(x, yOf(g, lo)); ctx.lineTo(x, yOf(g, hi)); }
-      ctx.lineTo(x, yOf(g, last));
-      prev = last;
-    }
+  function stepLine(ctx, g, value, r) {   // value(j): the level from ev[j] to the next sample
+    ctx.moveTo(xOf(g, TL.ev[r[0]]), yOf(g, value(r[0])));
     for (var j = r[0]; j <= r[1]; j++) {
-      var xj = xOf(g, TL.ev[j]), c = Math.floor(xj * DPR), v = value(j);
-      if (c === col) { lo = Math.min(lo, v); hi = Math.max(hi, v); last = v; continue; }
-      if (j > r[0]) flush();
-      col = c; x = xj; first = lo = hi = last = v;
+      ctx.lineTo(xOf(g, TL.ev[j]), yOf(g, value(j)));
+      ctx.lineTo(xOf(g, evEnd(j)), yOf(g, value(j)));
     }
-    flush();
-    ctx.lineTo(xOf(g, evEnd(r[1])), yOf(g, last));
   }
+  // Note [Pixel columns]
+  // Rationale: zoomed out, a 1,000,000-event trace has ten thousand samples for about
+  // thirteen hundred pixels; the grey small-allocations band, drawn as one path of four
+  // vertices a sample, kept the browser's rasteriser busy for most of a second after the
+  // script had drawn (the category chart's bands are such paths too).
+  // Approach: those bands are painted a device-pixel column at a time into an ImageData
+  // (paintSteps): each pixel gets the share of its area the band covers, the coverage the
+  // rasteriser's anti-aliasing gave the path, so the picture is the same (within a few
+  // levels of 255) at a cost that grows with the pixels and the samples.
+  // Limitations: the allocations' own bands and the reserved line are still paths (each
+  // band's anti-aliased edges against its neighbours are part of the picture); the
+  // ImageData is put before anything else is drawn, so only the first layer can be painted.
   // Paints, source-over onto img (an ImageData: unpremultiplied RGBA, device pixels), the
   // region between ya[i] and yb[i] (rows, ya[i] <= yb[i]) over steps i = 0..n-1, step i
   // spanning columns xs[i] to xs[i + 1] (xs increasing; all fractional).  Each pixel gets
