@@ -41,6 +41,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpumem_trees import revision_tree  # noqa: E402
 from snapshot_gen import write_snapshot  # noqa: E402
 
 #: events per byte of the generated file, measured: about 56.5 bytes an event
@@ -91,16 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         size = snap.stat().st_size
         trees = {"current": ROOT}
         if args.baseline:
-            base = tmp / "baseline"
-            base.mkdir()
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.baseline, "gpumem"],
-                                     check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-            exts = [Path(args.baseline_ext)] if args.baseline_ext else \
-                (ROOT / "gpumem").glob("_C.*.so")
-            for ext in exts:
-                shutil.copy(ext, base / "gpumem" / ext.name)
-            trees["baseline"] = base
+            trees["baseline"] = revision_tree(
+                args.baseline, tmp / "baseline",
+                Path(args.baseline_ext) if args.baseline_ext else None)
         commands = {
             "summary": ["summary", str(snap), "--json"],
             "diff": ["diff", str(snap), str(snap), "--json"],

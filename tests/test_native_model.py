@@ -248,6 +248,35 @@ def test_real_snapshots(path):
     assert_same(load_snapshot(str(path)), caps=SMALL_CAPS)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_band_choice_matches_the_python_one_past_the_sorted_head(seed):
+    """_C.model_bands sorts only a selected head of the candidates (4 x
+    max_bands) and the rest when the budget's skips walk past it: the same
+    bands as view._bands' full sort, ties in size and life included."""
+    from array import array
+    from bisect import bisect_left
+    from types import SimpleNamespace
+    from gpumem.snapshots.view import _bands
+    rng = random.Random(seed)
+    n, events = 3000, 20_000
+    starts = [rng.randrange(-1, events) for _ in range(n)]
+    ends = [min(events, s + 1 + rng.choice((1, 10, 300, 5000))) for s in starts]
+    sizes = [rng.choice((512, 4096, 1 << 20)) for _ in range(n)]
+    samples = sorted(rng.sample(range(events), 200))
+    cols = SimpleNamespace(columnar=True, a_start=array("q", starts), a_end=array("q", ends),
+                           a_size=array("Q", sizes))
+    lists = SimpleNamespace(columnar=False, a_start=starts, a_end=ends, a_size=sizes)
+    for max_bands, budget in ((10, 10**9), (10, 60), (25, 400), (40, 2), (5000, 10**9)):
+        got = _bands(cols, samples, max_bands, budget)
+        assert got == _bands(lists, samples, max_bands, budget), (max_bands, budget)
+    # budget 2 takes only the shortest-lived, late in the order: past the head of 160
+    order = sorted((-sizes[a], -(bisect_left(samples, e) - 1 - bisect_left(samples, s)), a)
+                   for a, (s, e) in enumerate(zip(starts, ends))
+                   if bisect_left(samples, s) < bisect_left(samples, e))
+    rank = {c[2]: k for k, c in enumerate(order)}
+    assert max(rank[a] for a, _, _ in _bands(cols, samples, 40, 2)[1]) >= 4 * 40
+
+
 def test_column_passes_refuse_bad_columns():
     from array import array
     with pytest.raises(TypeError):

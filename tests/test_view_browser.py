@@ -394,3 +394,65 @@ def test_tolerated_odd_values_render_cleanly(browser, tmp_path):
         assert page.js("document.body.getAttribute('data-ready')") == "1", name
         assert page.problems() == [], name
         page.cmd("Page.close")
+
+
+# Draws the region between ya and yb over 400 random steps of 0.7 px with
+# gpumemView.paintSteps and as a path filled by the browser (what the timeline
+# did before): [largest alpha difference, mean difference, pixels painted].
+PAINT_VS_PATH = """(function () {
+  var w = 300, h = 120, n = 400, xs = new Float64Array(n + 1), ya = new Float64Array(n),
+      yb = new Float64Array(n), seed = 7, i;
+  function rnd() { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648; }
+  for (i = 0; i <= n; i++) xs[i] = 10.3 + i * (w - 20) / n;
+  for (i = 0; i < n; i++) {
+    var a = 5 + rnd() * 100, b = 5 + rnd() * 100;
+    ya[i] = Math.min(a, b); yb[i] = Math.max(a, b);
+  }
+  var c1 = document.createElement("canvas"); c1.width = w; c1.height = h;
+  var img = c1.getContext("2d").createImageData(w, h);
+  gpumemView.paintSteps(img, n, xs, ya, yb, [0, 0, 0]);
+  var c2 = document.createElement("canvas"); c2.width = w; c2.height = h;
+  var x2 = c2.getContext("2d");
+  x2.beginPath(); x2.moveTo(xs[0], ya[0]);
+  for (i = 0; i < n; i++) { x2.lineTo(xs[i], ya[i]); x2.lineTo(xs[i + 1], ya[i]); }
+  for (i = n - 1; i >= 0; i--) { x2.lineTo(xs[i + 1], yb[i]); x2.lineTo(xs[i], yb[i]); }
+  x2.closePath(); x2.fillStyle = "#000"; x2.fill();
+  var d = x2.getImageData(0, 0, w, h).data, p = img.data, worst = 0, sum = 0, painted = 0;
+  for (i = 3; i < d.length; i += 4) {
+    var e = Math.abs(d[i] - p[i]); worst = Math.max(worst, e); sum += e;
+    if (p[i] > 128) painted++;
+  }
+  return [worst, sum / (w * h), painted]; })()"""
+
+# lineTo calls while the page draws both canvases again.
+LINE_TOS = """(function () {
+  var P = CanvasRenderingContext2D.prototype, orig = P.lineTo, n = 0;
+  P.lineTo = function (x, y) { n++; return orig.call(this, x, y); };
+  try { gpumemView.redraw(); } finally { P.lineTo = orig; }
+  return n; })()"""
+
+
+def test_a_dense_timeline_is_drawn_a_pixel_column_at_a_time(browser, tmp_path):
+    """Note [Pixel columns] in viewer.js: with 10,000 samples for about 1,300
+    pixels, the small-allocations band is painted pixel by pixel, as the
+    browser's anti-aliasing painted its path; that path, of four vertices a
+    sample, kept the rasteriser busy for most of a second on the 1M-event
+    page."""
+    from test_view_scale import synthetic_snapshot
+    src = tmp_path / "dense.pickle"
+    src.write_bytes(pickle.dumps(synthetic_snapshot(60_000), protocol=4))
+    html = tmp_path / "dense.html"
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        assert cli.main(["view", str(src), "-o", str(html)]) == 0, err.getvalue()
+    page = Page(browser, html)
+    check_rendered(page, timeline=True)
+    worst, mean, painted = page.js(PAINT_VS_PATH)
+    assert painted > 5000 and worst <= 48 and mean <= 2, (worst, mean, painted)
+    samples = page.js("gpumemView.data.timeline.ev.length")
+    width = page.js("document.getElementById('timeline-canvas').width")
+    assert samples == 10_000 and width < 2_000
+    # The small band's path alone had 4 vertices a sample (40,000 here; main's
+    # page made 55,059 calls in all); the bands' own outlines are about 15,000.
+    assert page.js(LINE_TOS) < 2 * samples
+    check_clean(page)

@@ -273,6 +273,32 @@ static int cand_order(const void *pa, const void *pb) {
     return (x->a > y->a) - (x->a < y->a);
 }
 
+/* Reorders c[0..n) so that its k first items (in cand_order) come first, in
+ * any order (quickselect; the order is total: ties end on the allocation). */
+static void select_first(cand_t *c, Py_ssize_t n, Py_ssize_t k) {
+    Py_ssize_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        cand_t pivot = c[lo + (hi - lo) / 2], t;
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (cand_order(&c[i], &pivot) < 0)
+                i++;
+            while (cand_order(&c[j], &pivot) > 0)
+                j--;
+            if (i <= j) {
+                t = c[i], c[i] = c[j], c[j] = t;
+                i++, j--;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            return;
+    }
+}
+
 /* model_bands(a_start, a_end, a_size, samples, max_bands, budget): view's
  * bands, (visible, [(a, s0, s1)]): the allocations live at some sample,
  * largest first (then longest, then first allocated), taken while fewer
@@ -312,11 +338,19 @@ static PyObject *model_bands(PyObject *self, PyObject *args) {
         if (s0 <= s1)
             cands[nc++] = (cand_t){(uint64_t)size[a], s1 - s0, a, s0, s1};
     }
-    qsort(cands, (size_t)nc, sizeof *cands, cand_order);
+    /* Only the first candidates in order are looked at (max_bands of them,
+     * or a few more where the budget skips some): sort a head selected
+     * ahead of the rest, and the rest only if the walk gets there. */
+    Py_ssize_t head = max_bands < nc / 4 ? 4 * max_bands : nc;
+    if (head < nc)
+        select_first(cands, nc, head);
+    qsort(cands, (size_t)head, sizeof *cands, cand_order);
     chosen = PyList_New(0);
     for (Py_ssize_t k = 0; chosen && k < nc; k++) {
         if (PyList_GET_SIZE(chosen) >= max_bands)
             break;
+        if (k == head)
+            qsort(cands + head, (size_t)(nc - head), sizeof *cands, cand_order);
         if (cands[k].life + 1 > budget)
             continue;
         budget -= cands[k].life + 1;

@@ -9,8 +9,10 @@ recorded with categories, also the allocated memory stacked by category
 (gpumem.categories.report, drawn by viewer_static/viewer_categories.js).
 
 Scale: the data is reduced here, in Python, before it is embedded, so a
-1,000,000-event trace gives a page of a few MB that draws in well under a
-second.  Note [Timeline aggregation]:
+1,000,000-event trace gives a page of under 1 MB that headless Chromium
+draws in about a third of a second (docs/benchmarks.md, issue 34's fourth
+part; the page paints its dense curves a pixel column at a time, Note
+[Pixel columns] in viewer_static/viewer.js).  Note [Timeline aggregation]:
 - Rationale: a browser cannot draw one polygon per allocation for hundreds of
   thousands of allocations (torch's MemoryViz caps itself at 15,000).
 - Approach: the timeline is sampled at most MAX_SAMPLES points.  With more
@@ -303,10 +305,10 @@ def _table(snap: dict, dev: int, m: DeviceModel, out: _Out) -> dict:
 
 def _header(snap: dict, dev: int, m: DeviceModel) -> dict:
     seg = segment_totals(snap, dev)
+    traced = m.trace_allocations()   # a pass over every allocation: once
     h: dict[str, Any] = {"events": m.n_events, "segments": seg["segments"],
                          "reserved_end": seg["reserved"], "allocated_end": seg["allocated"],
-                         "allocations": m.trace_allocations(),
-                         "live_before": len(m.a_start) - m.trace_allocations(),
+                         "allocations": traced, "live_before": len(m.a_start) - traced,
                          "ooms": len(m.ooms), "markers": m.marker_source}
     if m.has_trace:
         res = m.reserved_at(m.peak_index)

@@ -164,15 +164,17 @@
     }
     var yMax = 1;
     for (var j = 0; j < S; j++) {
-      if (byStart[j]) active = active.concat(byStart[j]);
-      var y = 0, expired = false;
-      for (var k = 0; k < active.length; k++) {
+      var starting = byStart[j];
+      if (starting) for (var q = 0; q < starting.length; q++) active.push(starting[q]);
+      var y = 0, kept = 0;
+      for (var k = 0; k < active.length; k++) {   // in place: the bands still live, in order
         var bb = active[k];
-        if (B[bb][1] < j) { expired = true; continue; }
+        if (B[bb][1] < j) continue;
+        active[kept++] = bb;
         if (y !== last[bb]) { cj[bb].push(j); cv[bb].push(y); last[bb] = y; }
         y += B[bb][2];
       }
-      if (expired) active = active.filter(function (x) { return B[x][1] >= j; });
+      active.length = kept;
       big[j] = y;
       yMax = Math.max(yMax, y + TL.small[j], TL.reserved ? TL.reserved[j] : 0);
     }
@@ -249,14 +251,73 @@
       ctx.lineTo(xOf(g, evEnd(j)), yOf(g, value(j)));
     }
   }
-  function stepLineBack(ctx, g, value, r) {
-    for (var j = r[1]; j >= r[0]; j--) {
-      ctx.lineTo(xOf(g, evEnd(j)), yOf(g, value(j)));
-      ctx.lineTo(xOf(g, TL.ev[j]), yOf(g, value(j)));
+  // Note [Pixel columns]
+  // Rationale: zoomed out, a 1,000,000-event trace has ten thousand samples for about
+  // thirteen hundred pixels; the grey small-allocations band, drawn as one path of four
+  // vertices a sample, kept the browser's rasteriser busy for most of a second after the
+  // script had drawn (the category chart's bands are such paths too).
+  // Approach: those bands are painted a device-pixel column at a time into an ImageData
+  // (paintSteps): each pixel gets the share of its area the band covers, the coverage the
+  // rasteriser's anti-aliasing gave the path, so the picture is the same (within a few
+  // levels of 255) at a cost that grows with the pixels and the samples.
+  // Limitations: the allocations' own bands and the reserved line are still paths (each
+  // band's anti-aliased edges against its neighbours are part of the picture); the
+  // ImageData is put before anything else is drawn, so only the first layer can be painted.
+  // Paints, source-over onto img (an ImageData: unpremultiplied RGBA, device pixels), the
+  // region between ya[i] and yb[i] (rows, ya[i] <= yb[i]) over steps i = 0..n-1, step i
+  // spanning columns xs[i] to xs[i + 1] (xs increasing; all fractional).  Each pixel gets
+  // the share of its area the region covers, what a rasteriser's anti-aliasing gives the
+  // step outline as a path, a column at a time: the cost grows with the pixels and the
+  // steps, not with a path of two vertices a step (Note [Pixel columns]).
+  function paintSteps(img, n, xs, ya, yb, rgb) {
+    var w = img.width, h = img.height, px = img.data, i, s = 0;
+    var part = new Float64Array(h + 1), full = new Float64Array(h + 1);
+    for (var c = 0; c < w; c++) {
+      while (s < n && xs[s + 1] <= c) s++;
+      if (s >= n) break;
+      if (xs[s] >= c + 1) continue;
+      part.fill(0); full.fill(0);
+      for (i = s; i < n && xs[i] < c + 1; i++) {
+        var ox = Math.min(xs[i + 1], c + 1) - Math.max(xs[i], c);
+        var a = Math.max(0, ya[i]), b = Math.min(h, yb[i]);
+        if (ox <= 0 || b <= a) continue;
+        var ra = Math.floor(a), rb = Math.floor(b);
+        if (ra === rb) { part[ra] += ox * (b - a); continue; }
+        part[ra] += ox * (ra + 1 - a); full[ra + 1] += ox; full[rb] -= ox;
+        part[rb] += ox * (b - rb);
+      }
+      for (var row = 0, acc = 0; row < h; row++) {
+        acc += full[row];
+        var v = Math.min(1, acc + part[row]);
+        if (v <= 1e-3) continue;
+        var at = (row * w + c) * 4, under = px[at + 3] / 255 * (1 - v), out = v + under;
+        if (under === 0) {
+          px[at] = rgb[0]; px[at + 1] = rgb[1]; px[at + 2] = rgb[2];
+        } else {
+          for (var k = 0; k < 3; k++) px[at + k] = Math.round((rgb[k] * v + px[at + k] * under) / out);
+        }
+        px[at + 3] = Math.round(out * 255);
+      }
     }
   }
-  function smallTop(j) { return tl.big[j] + TL.small[j]; }
-  function smallBottom(j) { return tl.big[j]; }
+  // The small allocations' band, painted into the plot area of the freshly cleared canvas.
+  var SMALL_RGB = [0xc9, 0xce, 0xd6];   // #c9ced6
+  function paintSmall(ctx, g, r) {
+    var x0 = Math.round(g.L * DPR), y0 = Math.round((g.T - 2) * DPR);
+    var w = Math.round((g.L + g.W) * DPR) - x0, h = Math.round((g.T + g.H) * DPR) - y0;
+    if (w <= 0 || h <= 0) return;
+    var n = r[1] - r[0] + 1, xs = new Float64Array(n + 1), ya = new Float64Array(n), yb = new Float64Array(n);
+    for (var i = 0; i < n; i++) {
+      var j = r[0] + i;
+      xs[i] = xOf(g, TL.ev[j]) * DPR - x0;
+      ya[i] = yOf(g, tl.big[j] + TL.small[j]) * DPR - y0;
+      yb[i] = yOf(g, tl.big[j]) * DPR - y0;
+    }
+    xs[n] = xOf(g, evEnd(r[1])) * DPR - x0;
+    var img = ctx.createImageData(w, h);
+    paintSteps(img, n, xs, ya, yb, SMALL_RGB);
+    ctx.putImageData(img, x0, y0);
+  }
   function reservedAt(j) { return TL.reserved[j]; }
   function drawTimeline() {
     if (!tl) return;
@@ -266,14 +327,9 @@
     var vmax = 1;
     for (j = r[0]; j <= r[1]; j++) vmax = Math.max(vmax, TL.total[j], TL.reserved ? TL.reserved[j] : 0);
     tl.yMax = vmax * 1.08;
+    paintSmall(ctx, g, r);   // small allocations, folded into one band on top of the others
     ctx.save();
     ctx.beginPath(); ctx.rect(g.L, g.T - 2, g.W, g.H + 2); ctx.clip();
-    // small allocations, folded into one band on top of the others
-    ctx.beginPath();
-    stepLine(ctx, g, smallTop, r);
-    stepLineBack(ctx, g, smallBottom, r);
-    ctx.closePath();
-    ctx.fillStyle = "#c9ced6"; ctx.fill();
     var drawn = 0;
     for (var b = 0; b < TL.bands.length; b++) {
       ctx.beginPath();
@@ -662,6 +718,7 @@
     data: D,
     fmtBytes: fmtBytes,   // shared with viewer_categories.js
     categoryColor: categoryColor,
+    paintSteps: paintSteps,   // viewer_categories.js paints its stacked bands with it
     showTip: showTip,
     hideTip: hideTip,
     // Milliseconds to draw both canvases again (the cost of a zoom or a resize).

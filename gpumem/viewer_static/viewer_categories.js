@@ -32,6 +32,9 @@
   }
   function xOf(g, j) { return g.L + j / Math.max(1, S) * g.W; }
   function yOf(g, v) { return g.T + g.H - v / yMax * g.H; }
+  function rgbOf(hex) {   // "#rrggbb"
+    return [1, 3, 5].map(function (i) { return parseInt(hex.slice(i, i + 2), 16); });
+  }
 
   function draw() {
     var r = canvas.getBoundingClientRect();
@@ -39,17 +42,19 @@
     var ctx = canvas.getContext("2d"), g = geom();
     ctx.setTransform(DPR, 0, 0, DPR, 0, 0);
     ctx.clearRect(0, 0, r.width, r.height);
-    for (var k = K - 1; k >= 0; k--) {   // each band from 0 to its top; later ones cover
-      ctx.beginPath();
-      ctx.moveTo(xOf(g, 0), yOf(g, 0));
-      for (var j = 0; j < S; j++) {
-        ctx.lineTo(xOf(g, j), yOf(g, tops[k][j]));
-        ctx.lineTo(xOf(g, j + 1), yOf(g, tops[k][j]));
+    // Each band from 0 to its top, later ones covering, painted pixel by pixel
+    // (gpumemView.paintSteps: Note [Pixel columns] in viewer.js).
+    var x0 = Math.round(g.L * DPR), y0 = Math.round(g.T * DPR);
+    var w = Math.round((g.L + g.W) * DPR) - x0, h = Math.round((g.T + g.H) * DPR) - y0;
+    if (w > 0 && h > 0) {
+      var img = ctx.createImageData(w, h), xs = new Float64Array(S + 1);
+      var ya = new Float64Array(S), yb = new Float64Array(S).fill(yOf(g, 0) * DPR - y0);
+      for (var j = 0; j <= S; j++) xs[j] = xOf(g, j) * DPR - x0;
+      for (var k = K - 1; k >= 0; k--) {
+        for (j = 0; j < S; j++) ya[j] = yOf(g, tops[k][j]) * DPR - y0;
+        V.paintSteps(img, S, xs, ya, yb, rgbOf(V.categoryColor(C.names[k])));
       }
-      ctx.lineTo(xOf(g, S), yOf(g, 0));
-      ctx.closePath();
-      ctx.fillStyle = V.categoryColor(C.names[k]);
-      ctx.fill();
+      ctx.putImageData(img, x0, y0);
     }
     ctx.strokeStyle = "#9aa5b1"; ctx.fillStyle = "#5d6673"; ctx.font = "11px system-ui, sans-serif";
     ctx.beginPath(); ctx.moveTo(g.L, g.T); ctx.lineTo(g.L, g.T + g.H); ctx.lineTo(g.L + g.W, g.T + g.H); ctx.stroke();
