@@ -297,15 +297,30 @@ _ODD_WAYS = {  # each leaves one list on the stack
 }
 
 
+# As a real snapshot has them after its first entry: keys and action names as
+# memo GETs, so each entry is staged straight from the data, its ints never
+# made (gm_pk_stage_direct); the prefix memoizes them and pops them.
+_MEMO_STRS = ("action", "alloc", "addr", "size", "stream", "frames", "x", "of")
+
+
+def _with_memo_keys(ops: bytes) -> bytes:
+    prefix = b"("
+    for i, text in enumerate(_MEMO_STRS):
+        prefix += _s(text) + b"q" + bytes([0x40 + i])
+        ops = ops.replace(_s(text), b"h" + bytes([0x40 + i]))
+    return prefix + b"1" + ops
+
+
 @pytest.mark.parametrize("name", list(_ODD_WAYS))
 @pytest.mark.parametrize("where", ["bare", "device-trace"])
-def test_staged_entries_leave_the_stack_as_the_reference_reads_them(name, where):
+@pytest.mark.parametrize("keys", ["str", "memo"])
+def test_staged_entries_leave_the_stack_as_the_reference_reads_them(name, where, keys):
     ops = _ODD_WAYS[name]
     if where == "bare":
-        data = b"\x80\x04" + ops + b"."
+        data = ops + b"."
     else:
-        data = (b"\x80\x04}(" + _s("segments") + b"]" + _s("device_traces") + b"](" + ops
-                + b"eu.")
+        data = b"}(" + _s("segments") + b"]" + _s("device_traces") + b"](" + ops + b"eu."
+    data = b"\x80\x04" + (_with_memo_keys(data) if keys == "memo" else data)
     ref = pickle.loads(data)
     for compact in (True, False):
         got = _C.read_snapshot_pickle(data, compact)
@@ -329,3 +344,42 @@ def test_staged_entries_end_as_the_reference_reads_them():
     with pytest.raises(ValueError) as e:
         _C.read_snapshot_pickle(data)
     assert e.value.args[0] == "persid" and e.value.args[1]["size"] == 8
+
+
+# Values of every form the direct staging reads (Note [Staged trace entries]):
+# ints of each width and sign, into unsigned, signed and other fields, None,
+# a memo GET of a list and of an empty dict; and forms it leaves to SETITEMS
+# (LONG1 of 9 bytes, LONG4, a bool, a str made in place).
+_VALUES = {
+    "K": b"K\xfe", "M": b"M\xff\xff", "J-negative": b"J\xfe\xff\xff\xff",
+    "J-positive": b"J\x00\x00\x00\x40", "LONG1-empty": b"\x8a\x00",
+    "LONG1-8-top-bit": b"\x8a\x08" + bytes(7) + b"\x80",
+    "LONG1-8": b"\x8a\x08" + b"\xff" * 7 + b"\x7f",
+    "LONG1-3-negative": b"\x8a\x03\x00\x00\x80", "LONG1-9": b"\x8a\x09" + b"\xff" * 8 + b"\x00",
+    "LONG4": b"\x8b\x02\x00\x00\x00\x01\x02", "None": b"N", "bool": b"\x88",
+    "str": _s("s"), "memo-list": b"h\x30", "memo-empty-dict": b"h\x31",
+}
+
+
+@pytest.mark.parametrize("key", ["addr", "size", "stream", "time_us", "device"])
+@pytest.mark.parametrize("value", list(_VALUES))
+def test_entries_staged_from_the_data_read_as_the_reference_reads_them(key, value):
+    names = ("action", "alloc", "addr", "size", "stream", key)
+    prefix = b"(" + b"".join(_s(n) + b"q" + bytes([0x40 + i]) for i, n in enumerate(names))
+    prefix += b"]q\x30}q\x31" + b"1"
+    get = {n: b"h" + bytes([0x40 + i]) for i, n in enumerate(names)}
+
+    def entry(slot: int, v: bytes) -> bytes:
+        pairs = {"action": get["alloc"], "addr": b"K\x10", "size": b"K\x08", "stream": b"K\x00"}
+        pairs[key] = v
+        return b"}q" + bytes([slot]) + b"(" + b"".join(get[k] + pairs[k] for k in pairs) + b"u"
+
+    ops = b"](" + entry(1, b"K\x01") + entry(2, _VALUES[value]) + entry(3, b"K\x02") + b"e"
+    for data in (b"\x80\x04" + prefix + ops + b".",
+                 b"\x80\x04" + prefix + b"}(" + _s("device_traces") + b"](" + ops + b"eu."):
+        ref = pickle.loads(data)
+        got = _C.read_snapshot_pickle(data)
+        assert got == ref
+        trace = got if isinstance(ref, list) else got["device_traces"][0]
+        want = ref if isinstance(ref, list) else ref["device_traces"][0]
+        assert [trace[i] for i in range(len(trace))] == want

@@ -60,7 +60,7 @@ static int take_dict(PyObject *tc, PyObject *entry) {
         return 0;
     while (PyDict_Next(entry, &pos, &kv[2 * n], &kv[2 * n + 1]))
         n++;
-    return gm_tcols_take_pairs(tc, kv, n);
+    return gm_tcols_take_pairs(tc, kv, NULL, n);
 }
 
 /* Append item (a reference the caller keeps) to list, as a record when it
@@ -70,8 +70,9 @@ static int append_item(gm_pk_t *r, PyObject *list, PyObject *item) {
     int has = builder_of(r, list, &b);
     Py_ssize_t slots[1] = {0};
     int k = -1, npairs = 0;
+    const int64_t *imm = NULL;
     PyObject *const *pairs = r->nstaged && PyDict_CheckExact(item) && !PyDict_GET_SIZE(item)
-                                 ? gm_pk_staged(r, item, &npairs)
+                                 ? gm_pk_staged(r, item, &npairs, &imm)
                                  : NULL;
     if (r->compact && PyDict_CheckExact(item) &&
         (has || (PyList_GET_SIZE(list) == 0 && (pairs || looks_like_entry(item)))))
@@ -89,7 +90,7 @@ static int append_item(gm_pk_t *r, PyObject *list, PyObject *item) {
         }
         if (k >= 0 && gm_tcols_len(tc) >= ((Py_ssize_t)1 << 40))
             k = -1;
-        int took = k < 0 ? 0 : pairs ? gm_tcols_take_pairs(tc, pairs, npairs)
+        int took = k < 0 ? 0 : pairs ? gm_tcols_take_pairs(tc, pairs, imm, npairs)
                                      : take_dict(tc, item);
         if (took < 0) {
             if (!has)

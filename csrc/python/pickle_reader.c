@@ -107,10 +107,7 @@ static PyObject *long_bytes(gm_pk_t *r, int width) {
         return gm_pk_fail(r, "truncated", NULL);
     PyObject *v;
     if (n && n <= 8) { /* two's complement, little-endian, that fits in 64 bits */
-        uint64_t x = gm_pk_le(r->p, (int)n);
-        if (n < 8 && (x >> (8 * n - 1)) & 1)
-            x |= ~0ull << (8 * n); /* sign-extended */
-        v = PyLong_FromLongLong((long long)x);
+        v = PyLong_FromLongLong((long long)gm_pk_le_signed(r->p, (int)n));
     } else {
         v = n ? _PyLong_FromByteArray(r->p, (size_t)n, 1, 1) : PyLong_FromLong(0);
     }
@@ -144,6 +141,8 @@ static PyObject *run(gm_pk_t *r) {
         case '.': /* STOP */
             return pop(r);
         case '(':
+            if (r->compact && gm_pk_stage_direct(r))
+                break; /* a trace entry's pairs, staged up to its SETITEMS */
             if (r->nmarks == r->mcap) {
                 if (r->mcap >= MAX_MARKS)
                     return gm_pk_corrupt(r, "nesting deeper than any snapshot's");

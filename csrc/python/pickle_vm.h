@@ -68,4 +68,12 @@ static inline uint64_t gm_pk_le(const unsigned char *p, int n) {
     return x;
 }
 
+/* n (1 to 8) bytes little-endian, two's complement: LONG1's value. */
+static inline int64_t gm_pk_le_signed(const unsigned char *p, int n) {
+    uint64_t x = gm_pk_le(p, n);
+    if (n < 8 && (x >> (8 * n - 1)) & 1)
+        x |= ~0ull << (8 * n); /* sign-extended */
+    return (int64_t)x;
+}
+
 #endif /* GM_PYTHON_PICKLE_VM_H */

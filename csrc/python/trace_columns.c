@@ -271,7 +271,15 @@ static int int_slot(PyObject *key) {
     return -1;
 }
 
-int gm_tcols_take_pairs(PyObject *self, PyObject *const *kv, int npairs) {
+/* An int given as int64 (a staged value, pickle_stage.c) as a field. */
+static int imm_field(int64_t x, int is_signed, uint64_t *out) {
+    if (!is_signed && x < 0)
+        return 0;
+    *out = (uint64_t)x;
+    return 1;
+}
+
+int gm_tcols_take_pairs(PyObject *self, PyObject *const *kv, const int64_t *imm, int npairs) {
     gm_tcols_t *t = (gm_tcols_t *)self;
     if (npairs > MAX_KEYS)
         return 0;
@@ -279,6 +287,7 @@ int gm_tcols_take_pairs(PyObject *self, PyObject *const *kv, int npairs) {
     memset(&r, 0, sizeof r);
     shape_t want = {0, {0}};
     PyObject *keys[MAX_KEYS], *objs[N_OBJ], *okeys[N_OBJ], *action = NULL;
+    int64_t oimm[N_OBJ];
     unsigned have = 0;
     int nobj = 0;
     /* the common case: the keys of the last shape, the same str objects in the
@@ -301,12 +310,13 @@ int gm_tcols_take_pairs(PyObject *self, PyObject *const *kv, int npairs) {
         }
         keys[want.n] = key;
         if (code == 0) {
-            if (!PyUnicode_CheckExact(value) || action) /* a second 'action': a dict's job */
-                return 0;
+            if (!value || !PyUnicode_CheckExact(value) || action)
+                return 0; /* not a str, or a second 'action': a dict's job */
             action = value;
         } else if (code < 16) {
-            if ((have & (1u << (code - 1))) || !int_field(value, INT_SIGNED[code - 1],
-                                                          &r.v[code - 1]))
+            if ((have & (1u << (code - 1))) ||
+                !(value ? int_field(value, INT_SIGNED[code - 1], &r.v[code - 1])
+                        : imm_field(imm[k], INT_SIGNED[code - 1], &r.v[code - 1])))
                 return 0;
             have |= 1u << (code - 1);
         } else {
@@ -316,6 +326,7 @@ int gm_tcols_take_pairs(PyObject *self, PyObject *const *kv, int npairs) {
                 if (okeys[j] == key || PyUnicode_Compare(okeys[j], key) == 0)
                     return 0; /* a repeated key: SETITEMS' last value wins, a dict's job */
             okeys[nobj] = key;
+            oimm[nobj] = value ? 0 : imm[k];
             objs[nobj++] = value;
         }
         want.code[want.n++] = (uint8_t)code;
@@ -336,7 +347,9 @@ int gm_tcols_take_pairs(PyObject *self, PyObject *const *kv, int npairs) {
     r.action = (uint8_t)a;
     r.shape = (uint8_t)s;
     for (int k = 0; k < nobj; k++) {
-        long i = intern_obj(t, objs[k]);
+        PyObject *made = objs[k] ? NULL : PyLong_FromLongLong(oimm[k]); /* kept by objs */
+        long i = objs[k] || made ? intern_obj(t, objs[k] ? objs[k] : made) : -1;
+        Py_XDECREF(made);
         if (i < 0)
             return -1;
         r.obj[k] = (uint32_t)i;

@@ -30,8 +30,9 @@ PyObject *gm_tcols_new(void);
  * order SETITEMS sets them or a dict holds them, as the next record: 1 if
  * taken (the caller keeps its references; the entry's dict is no longer
  * needed), 0 if it does not fit a record or a key repeats (nothing changed),
- * -1 with an exception. */
-int gm_tcols_take_pairs(PyObject *tcols, PyObject *const *kv, int npairs);
+ * -1 with an exception. A NULL value is the int imm[i] (imm may be NULL
+ * when no value is). */
+int gm_tcols_take_pairs(PyObject *tcols, PyObject *const *kv, const int64_t *imm, int npairs);
 /* The dict of record i (a new reference), equal to the entry taken. */
 PyObject *gm_tcols_item(PyObject *tcols, Py_ssize_t i);
 Py_ssize_t gm_tcols_len(PyObject *tcols);
