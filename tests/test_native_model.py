@@ -277,6 +277,16 @@ def test_band_choice_matches_the_python_one_past_the_sorted_head(seed):
     assert max(rank[a] for a, _, _ in _bands(cols, samples, 40, 2)[1]) >= 4 * 40
 
 
+def test_band_choice_with_no_or_a_negative_band_limit_is_empty():
+    """A max_bands of 0 or below chooses no band (a negative one made a
+    negative head for the selection and crashed the process)."""
+    from array import array
+    s, e, sz = array("q", [0, 1, 2] * 20), array("q", [5, 6, 7] * 20), array("q", [512] * 60)
+    for max_bands in (0, -1, -(1 << 40)):
+        assert _C.model_bands(s, e, sz, [1, 3, 4], max_bands, 5) == (60, [])
+    assert len(_C.model_bands(s, e, sz, [1, 3, 4], 2, 100)[1]) == 2
+
+
 def test_column_passes_refuse_bad_columns():
     from array import array
     with pytest.raises(TypeError):

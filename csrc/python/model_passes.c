@@ -341,6 +341,8 @@ static PyObject *model_bands(PyObject *self, PyObject *args) {
     /* Only the first candidates in order are looked at (max_bands of them,
      * or a few more where the budget skips some): sort a head selected
      * ahead of the rest, and the rest only if the walk gets there. */
+    if (max_bands < 0)
+        max_bands = 0; /* no band, as the walk below gives (and no negative head) */
     Py_ssize_t head = max_bands < nc / 4 ? 4 * max_bands : nc;
     if (head < nc)
         select_first(cands, nc, head);
