@@ -192,9 +192,12 @@ def test_the_chain_check_on_generators_and_deep_stacks():
     def resume_elsewhere(record):
         return g.send(record)
 
-    got = [f(r) for f, r in ((resume, True), (resume, False), (resume_elsewhere, False),
-                             (resume, False))]
-    assert got == [True, True, False, True]
+    # (from 3.12 on, send() enters the interpreter through a frame on the C
+    # stack, whose address moves while the calls here get specialized: the
+    # last of a few rounds is compared)
+    rounds = [[f(r) for f, r in ((resume, True), (resume, False), (resume_elsewhere, False),
+                                 (resume, False))] for _ in range(4)]
+    assert rounds[-1] == [True, True, False, True]
 
     def down(n, record):
         return down(n - 1, record) if n else chain(record)
