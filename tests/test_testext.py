@@ -32,7 +32,8 @@ build = testext.build
 
 # Entry points that exist only for tests and benchmarks.
 MODULE_TEST_ONLY = ("_hist_c_thread_alloc", "_hist_capture_in_c_thread",
-                    "_hist_capture_without_gil", "_hist_walk_only")
+                    "_hist_capture_without_gil", "_hist_walk_only", "_hist_capture_time",
+                    "_hist_chain")
 ALLOCATOR_TEST_ONLY = ("bench_pairs", "set_failure", "sim_counters", "complete_events",
                        "set_event_mode")
 
@@ -55,7 +56,8 @@ def test_the_build_never_compiles_tests_ext():
 
 def test_testext_has_the_entry_points():
     for name in ("VirtualDevice", "bench_pairs", "hist_c_thread_alloc", "hist_capture_in_c_thread",
-                 "hist_capture_without_gil", "hist_walk_only"):
+                 "hist_capture_without_gil", "hist_walk_only", "hist_capture_time",
+                 "hist_chain"):
         assert callable(getattr(testext, name)), name
     for name in ("set_failure", "counters", "complete_events", "set_event_mode"):
         assert callable(getattr(testext.VirtualDevice, name)), name

@@ -31,5 +31,7 @@ hist_capture_in_c_thread = module.hist_capture_in_c_thread
 hist_capture_without_gil = module.hist_capture_without_gil
 hist_walk_only = module.hist_walk_only
 hist_walks = module.hist_walks
+hist_capture_time = module.hist_capture_time
+hist_chain = module.hist_chain
 cunwind_walks = module.cunwind_walks
 cunwind_time = module.cunwind_time

@@ -41,6 +41,7 @@
 #include "../history/intern.h"
 #include "../history/sample.h"
 #include "hist_capture.h"
+#include "hist_laststack.h"
 #include "hist_pywalk.h"
 #include "pycompat.h"
 
@@ -117,8 +118,9 @@ static int in_own_directory(PyCodeObject *co) {
     return (int)r;
 }
 
-/* Is co gpumem's own code? The caller holds the GIL. */
-static int hidden(PyCodeObject *co) {
+/* Is co gpumem's own code? *held is cleared when the answer was not kept
+ * in the cache (which holds a reference to co). The caller holds the GIL. */
+static int hidden(PyCodeObject *co, int *held) {
     uintptr_t key = (uintptr_t)co;
     size_t i = (size_t)((key >> 4) * UINT64_C(0x9E3779B97F4A7C15) >> 40) & (HIDE_SLOTS - 1);
     for (size_t probes = 0; probes < HIDE_SLOTS; probes++, i = (i + 1) & (HIDE_SLOTS - 1)) {
@@ -133,17 +135,25 @@ static int hidden(PyCodeObject *co) {
         hide_cache[i].code = key;
         hide_cache[i].hide = hide;
         hide_used++;
+    } else {
+        *held = 0;
     }
     return hide;
 }
 
 /* Leave gpumem's own frames out of py[0..n) (Note [gpumem's own frames]);
- * returns the number kept. The caller holds the GIL. */
-static uint32_t drop_own_frames(gm_rawframe_t *py, uint32_t n) {
+ * returns the number kept. *held is cleared if the code object of a frame
+ * left out may not be held by the cache (Note [Predicted chain]). The
+ * caller holds the GIL. */
+static uint32_t drop_own_frames(gm_rawframe_t *py, uint32_t n, int *held) {
     uint32_t kept = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (!hidden((PyCodeObject *)py[i].code))
+    for (uint32_t i = 0; i < n; i++) {
+        int h = 1;
+        if (!hidden((PyCodeObject *)py[i].code, &h))
             py[kept++] = py[i];
+        else if (!h)
+            *held = 0;
+    }
     return kept;
 }
 
@@ -168,85 +178,21 @@ static uint64_t hash_frames(const gm_rawframe_t *py, uint32_t n) {
     return h;
 }
 
-/* Note [Last stack]
- * Rationale: consecutive allocations of a thread mostly come from a few
- *   frames at the same instructions (a loop's allocation and its free, a
- *   layer's forward), and interning such a stack again costs a hash over
- *   every frame and a lookup under the intern lock that compares every
- *   frame; and torch releases the GIL around allocations and frees, so a
- *   capture that needs the GIL pays a PyGILState_Ensure/Release round trip.
- * Approach: each thread keeps its last LAST_STACKS captures without
- *   TorchScript frames: their Python frames, their C frames (stacks='all')
- *   and, for a thread without Python frames, the backward context they
- *   were attributed to (Note [Backward context]), with their traceback
- *   ids; a capture that yields exactly the same (code, location) pairs, C
- *   addresses and context as one of them reuses its id. Ids are never
- *   reused (the intern table is never cleared) and the table keeps a
- *   reference to every code object of a stored traceback, so equal
- *   pointers are the same code objects. Where the direct walk exists (Note
- *   [Direct frame walk]) a thread that released the GIL walks its frames and
- *   compares them without taking the GIL back: nothing it reads can change
- *   meanwhile (gm_pywalk_direct_ts), and on a match nothing needs the GIL;
- *   on a miss it takes the GIL and interns the frames it walked. C frames
- *   are walked without the GIL in any case (cunwind.c).
- * Limitations: stacks deeper than LAST_STACK_MAX Python frames or
- *   LAST_STACK_CMAX C frames are not kept. */
-#define LAST_STACK_MAX 48
-#define LAST_STACK_CMAX C_STACK_MAX
-#define LAST_STACKS 4
-typedef struct last_stack {
-    uint32_t n, nc, ctx, id;
-    gm_rawframe_t frames[LAST_STACK_MAX];
-    uintptr_t c[LAST_STACK_CMAX];
-} last_stack_t;
-typedef struct last_stacks {
-    uint32_t next; /* the entry replaced next (round robin) */
-    last_stack_t e[LAST_STACKS];
-} last_stacks_t;
-static _Thread_local last_stacks_t tls_last; /* this thread's; protected by: thread-local */
-
-/* The id of one of this thread's last stacks equal to Python frames
- * py[0..npy), C frames c[0..nc) and context ctx, or 0. Touches nothing
- * Python: safe without the GIL. */
-static uint32_t last_stack_find(const gm_rawframe_t *py, uint32_t npy, const uintptr_t *c,
-                                uint32_t nc, uint32_t ctx) {
-    const last_stacks_t *l = &tls_last;
-    for (int i = 0; i < LAST_STACKS; i++) {
-        const last_stack_t *e = &l->e[i];
-        if (e->id && e->n == npy && e->nc == nc && e->ctx == ctx &&
-            memcmp(e->c, c, (size_t)nc * sizeof *c) == 0 &&
-            memcmp(e->frames, py, (size_t)npy * sizeof *py) == 0)
-            return e->id;
-    }
-    return 0;
-}
-
-static void last_stack_keep(const gm_rawframe_t *py, uint32_t npy, const uintptr_t *c,
-                            uint32_t nc, uint32_t ctx, uint32_t id) {
-    if (!id || npy > LAST_STACK_MAX || nc > LAST_STACK_CMAX)
-        return;
-    last_stacks_t *l = &tls_last;
-    last_stack_t *e = &l->e[l->next];
-    l->next = (l->next + 1) % LAST_STACKS;
-    if (npy)
-        memcpy(e->frames, py, (size_t)npy * sizeof *py);
-    if (nc)
-        memcpy(e->c, c, (size_t)nc * sizeof *c);
-    e->n = npy;
-    e->nc = nc;
-    e->ctx = ctx;
-    e->id = id;
-}
-
 /* The id of the stack of Python frames py[0..npy) (npy > 0) and C frames
- * c[0..nc). The caller holds the GIL (new code objects get retained). */
+ * c[0..nc), walked from the chain of ticket `chain` (or 0). The caller holds the GIL (new code
+ * objects get retained). */
 static uint32_t intern_stack(const gm_rawframe_t *py, uint32_t npy, const uintptr_t *c,
-                             uint32_t nc) {
-    uint32_t id = last_stack_find(py, npy, c, nc, 0);
+                             uint32_t nc, uint64_t chain) {
+    int slot;
+    uint32_t id = gm_laststack_find(py, npy, c, nc, 0, &slot);
+#if GM_PYWALK_DIRECT
+    if (id && chain)
+        gm_laststack_set_chain(slot, chain); /* the same stack at other frame addresses */
+#endif
     if (id)
         return id;
     id = gm_intern_traceback_hashed(py, npy, hash_frames(py, npy), c, nc);
-    last_stack_keep(py, npy, c, nc, 0, id);
+    gm_laststack_keep(py, npy, c, nc, 0, id, chain);
     return id;
 }
 
@@ -270,7 +216,7 @@ static uint32_t without_python_frames(const uintptr_t *c, uint32_t nc) {
     uint32_t ctx = atomic_load(&backward_ctx);
     if (ctx && nc == 0)
         return ctx;
-    uint32_t id = nc ? last_stack_find(NULL, 0, c, nc, ctx) : 0; /* Note [Last stack] */
+    uint32_t id = nc ? gm_laststack_find(NULL, 0, c, nc, ctx, NULL) : 0; /* Note [Last stack] */
     if (id)
         return id;
     gm_tb_view_t v;
@@ -279,7 +225,7 @@ static uint32_t without_python_frames(const uintptr_t *c, uint32_t nc) {
     else
         id = gm_intern_traceback(v.raw, v.npy, c, nc);
     if (nc)
-        last_stack_keep(NULL, 0, c, nc, ctx, id);
+        gm_laststack_keep(NULL, 0, c, nc, ctx, id, 0);
     return id;
 }
 
@@ -315,43 +261,58 @@ static uint32_t capture(int level, const gm_rawframe_t *lead, uint32_t nlead) {
     size_t cap = PY_STACK_INLINE;
     uint32_t npy = 0;
     int walked = 0;
+    uint64_t chain = 0; /* the ticket of the chain py was walked from (hist_laststack.h) */
     /* Py_IsInitialized first: it turns false as finalization starts, and
      * the PyGILState calls are only valid while it is true. */
     PyThreadState *ts;
     if (Py_IsInitialized() && (ts = PyGILState_GetThisThreadState()) != NULL) {
-        if (PyGILState_Check()) {
-            have_gil = 1; /* walking our own frames never waits */
-        } else {
 #if GM_PYWALK_DIRECT
-            if (use_direct_walk && !nlead) {
-                /* One of the last stacks again needs no GIL (Note [Last
-                 * stack]); the frames walked stay valid if it is taken. */
-                gm_pywalk_buf_t b = {py, cap, inline_buf};
-                npy = gm_pywalk_direct_ts(ts, &b);
-                py = b.buf;
-                cap = b.cap;
-                walked = 1;
-                uint32_t same = npy ? last_stack_find(py, npy, cbuf, nc, 0) : 0;
-                if (same) {
-                    if (py != inline_buf)
-                        free(py);
-                    return same;
-                }
-            }
+        /* One of the last stacks again needs no walk and no GIL (Note
+         * [Predicted chain], Note [Last stack]). ts's frames are the ones
+         * walked below in either case: a thread holds the GIL exactly when
+         * its current thread state is ts (PyGILState_Check). */
+        uint32_t same = use_direct_walk && !nlead ? gm_laststack_find_chain(ts, cbuf, nc) : 0;
+        if (same)
+            return same;
 #endif
-            if (may_take_gil()) {
-                gs = PyGILState_Ensure();
-                ensured = have_gil = 1;
+        have_gil = PyGILState_Check(); /* walking our own frames never waits */
+#if GM_PYWALK_DIRECT
+        if (use_direct_walk && !nlead) {
+            /* Walked once, recording the chain; the frames walked stay
+             * valid if the GIL is taken. */
+            gm_pywalk_buf_t b = {py, cap, inline_buf};
+            npy = gm_pychain_walk(ts, &b, gm_laststack_spare(&chain));
+            py = b.buf;
+            cap = b.cap;
+            walked = 1;
+            int slot;
+            same = !have_gil && npy ? gm_laststack_find(py, npy, cbuf, nc, 0, &slot) : 0;
+            if (same) {
+                /* The same stack at other frame addresses. None of its
+                 * frames is gpumem's own: each equals a kept one. */
+                gm_laststack_set_chain(slot, chain);
+                if (py != inline_buf)
+                    free(py);
+                return same;
             }
+        }
+#endif
+        if (!have_gil && may_take_gil()) {
+            gs = PyGILState_Ensure();
+            ensured = have_gil = 1;
         }
     }
     uint32_t id;
     if (have_gil) {
         if (!walked)
             npy = walk_frames(&py, &cap, inline_buf);
-        npy = drop_own_frames(py, npy); /* before interning or keeping it as a last stack */
+        /* before interning or keeping it as a last stack */
+        int held = 1;
+        npy = drop_own_frames(py, npy, &held);
+        if (!held)
+            chain = 0;
         /* Interned with the GIL held: new code objects get retained. */
-        id = npy && !nlead ? intern_stack(py, npy, cbuf, nc)
+        id = npy && !nlead ? intern_stack(py, npy, cbuf, nc, chain)
              : npy ? intern_with_lead(lead, nlead, py, npy, hash_frames(py, npy), cbuf, nc)
              : nlead ? gm_intern_traceback(lead, nlead, cbuf, nc)
                      : without_python_frames(cbuf, nc);

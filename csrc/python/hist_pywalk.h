@@ -157,7 +157,7 @@ typedef struct gm_iframe {
 #endif
 } gm_iframe_t;
 
-enum { GM_FRAME_OWNED_BY_GENERATOR = 1, GM_FRAME_OWNED_BY_CSTACK = 3 };
+enum { GM_FRAME_OWNED_BY_THREAD = 0, GM_FRAME_OWNED_BY_GENERATOR = 1, GM_FRAME_OWNED_BY_CSTACK = 3 };
 
 /* _PyFrame_IsIncomplete of the running version. */
 static inline int gm_iframe_incomplete(const gm_iframe_t *f) {

@@ -1,8 +1,10 @@
 /*
  * hist_threads.c - memory history driven from threads in every state, for
  * tests and benchmarks: _testext.hist_capture_without_gil,
- * hist_c_thread_alloc, hist_capture_in_c_thread, hist_walk_only and
- * hist_walks (both frame walks of csrc/python/hist_pywalk.h, compared).
+ * hist_c_thread_alloc, hist_capture_in_c_thread, hist_walk_only,
+ * hist_capture_time (a repeated capture, timed), hist_walks (both frame
+ * walks of csrc/python/hist_pywalk.h, compared) and hist_chain (a recorded
+ * chain of csrc/python/hist_pychain.h, checked).
  *
  * Invariants: captures go through gpumem._C's own entry point
  * (gm_hist_api_t.capture, the one the torch shim calls) and allocations
@@ -15,6 +17,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "python/hist_pychain.h"
 #include "python/hist_pywalk.h"
 #include "testext.h"
 
@@ -181,6 +184,62 @@ static PyObject *py_walk_only(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* _testext.hist_capture_time(n, level, release_gil=True) -> ns: the thread
+ * CPU time of n captures of the caller's stack (gpumem._C's capture entry
+ * point, the one the torch shim calls), made with the GIL released as torch
+ * releases it around allocations, or held. Recording must be on at `level`
+ * for anything to be captured. For benchmarks: the repeated-stack cost. */
+static PyObject *py_capture_time(PyObject *self, PyObject *args) {
+    long n;
+    int level, release = 1;
+    if (!PyArg_ParseTuple(args, "li|p", &n, &level, &release))
+        return NULL;
+    volatile uint32_t sink = 0;
+    struct timespec t0, t1;
+    PyThreadState *save = release ? PyEval_SaveThread() : NULL;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    for (long i = 0; i < n; i++)
+        sink += tx_hist->capture(level);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    if (save)
+        PyEval_RestoreThread(save);
+    (void)sink;
+    return PyLong_FromLongLong((long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL +
+                               (t1.tv_nsec - t0.tv_nsec));
+}
+
+#if GM_PYWALK_DIRECT
+static gm_pychain_t chains[4]; /* hist_chain_*'s; protected by: GIL */
+#endif
+
+/* _testext.hist_chain(slot, record) -> bool: with record, the caller's raw
+ * frame chain is recorded in slot (0..3) as a capture records it, and
+ * whether one was (not too deep) is returned; without, whether the caller
+ * stands on exactly that chain now (gm_pychain_same, Note [Predicted
+ * chain]). None where the direct walk does not exist. */
+static PyObject *py_chain(PyObject *self, PyObject *args) {
+    int slot, record;
+    if (!PyArg_ParseTuple(args, "ip", &slot, &record))
+        return NULL;
+    if (slot < 0 || slot > 3)
+        return PyErr_Format(PyExc_ValueError, "slot must be in 0..3");
+#if GM_PYWALK_DIRECT
+    if (!gm_pywalk_direct_ok())
+        Py_RETURN_NONE;
+    PyThreadState *ts = PyThreadState_Get();
+    if (!record)
+        return PyBool_FromLong(gm_pychain_same(ts, &chains[slot]));
+    gm_rawframe_t inline_buf[128];
+    gm_pywalk_buf_t b = {inline_buf, 128, inline_buf};
+    gm_pychain_walk(ts, &b, &chains[slot]);
+    if (b.buf != inline_buf)
+        free(b.buf);
+    return PyBool_FromLong(chains[slot].n != 0);
+#else
+    Py_RETURN_NONE;
+#endif
+}
+
 static PyObject *frames_list(const gm_rawframe_t *f, uint32_t n) {
     PyObject *l = PyList_New(n);
     for (uint32_t i = 0; l && i < n; i++) {
@@ -231,6 +290,12 @@ static PyMethodDef methods[] = {
     {"hist_walk_only", py_walk_only, METH_VARARGS,
      "hist_walk_only(n, direct=False): walk the caller's frames n times (the public frame API,"
      " or the direct walk) and record nothing (the floor of a capture, for benchmarks)"},
+    {"hist_capture_time", py_capture_time, METH_VARARGS,
+     "hist_capture_time(n, level, release_gil=True) -> thread CPU ns of n captures of the"
+     " caller's stack (a repeated stack: the cost of one capture, for benchmarks)"},
+    {"hist_chain", py_chain, METH_VARARGS,
+     "hist_chain(slot, record) -> bool: record the caller's frame chain in slot, or say "
+     "whether the caller stands on it now (None without the direct walk)"},
     {"hist_walks", py_walks, METH_VARARGS,
      "hist_walks(cap=128) -> (api, direct, direct_used): the caller's frames by both walks"},
     {"hist_capture_in_c_thread", py_capture_in_c_thread, METH_VARARGS,
