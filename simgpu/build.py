@@ -73,6 +73,7 @@ DRIVER_SOURCES = ("fakecuda.c", "fakecuda_config.c", "fakecuda_ctx.c", "fakecuda
 DRIVER_HEADERS = ("fakecuda_internal.h", "fakecuda_image.h", "cuda_min.h")
 DRIVER_MAP = "libcuda.map"
 DRIVER_SONAME = "libcuda.so.1"
+DRIVER_LINK_NAME = "libcuda.so"
 
 # The fakes built on the driver, in LD_PRELOAD order. soname: "{major}" is the
 # CUDA major version. syms: the export list, in the version directory
@@ -117,7 +118,7 @@ COMMON_SOURCES = ("common/simcommon.c", "common/simjson.c")
 # The driver shares only the JSON builder with them.
 DRIVER_COMMON = ("common/simjson.c", "common/simjson.h")
 
-__all__ = ["build_sim_libs", "build_sim_tree", "build_libcuda", "find_cuda_include", "BuildError", "DRIVER_SONAME",
+__all__ = ["build_sim_libs", "build_sim_tree", "build_libcuda", "find_cuda_include", "BuildError", "DRIVER_SONAME", "DRIVER_LINK_NAME",
            "sim_sonames"]
 
 
@@ -412,6 +413,18 @@ def _copy_if_changed(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _driver_link_name(out: Path) -> None:
+    """out/libcuda.so -> libcuda.so.1, the link-time name NVIDIA's driver
+    installs beside it: Triton before 3.6 (torch 2.8, 2.9) links its
+    launcher with -lcuda from the folder that holds libcuda.so.1."""
+    link = out / DRIVER_LINK_NAME
+    if not link.is_symlink() and not link.exists():
+        try:
+            link.symlink_to(DRIVER_SONAME)
+        except FileExistsError:   # a concurrent build made it
+            pass
+
+
 # The libraries whose build does not depend on the CUDA major version.
 MAJOR_INDEPENDENT = (DRIVER_SONAME, LIBS["libnvidia-ml"]["soname"])
 
@@ -423,7 +436,7 @@ def build_sim_libs(out_dir: Union[str, os.PathLike], extra_flags: Iterable[str] 
     """Build every fake library into out_dir; {soname: path} in LD_PRELOAD order.
 
     out_dir receives the seven .so files of one CUDA major version and
-    nothing else, while the generated stubs, version scripts and .buildinfo
+    the driver's link-time name (libcuda.so, a symlink) and nothing else, while the generated stubs, version scripts and .buildinfo
     stamps (which make rebuilds incremental) go to work_dir (default:
     out_dir itself). The fake driver is compiled against the project's own
     declarations, so the result does not depend on which CUDA headers the
@@ -444,6 +457,7 @@ def build_sim_libs(out_dir: Union[str, os.PathLike], extra_flags: Iterable[str] 
         driver = _copy_if_changed(shared[DRIVER_SONAME], out / DRIVER_SONAME)
     else:
         driver = build_libcuda(out, flags, cuda_include=None, force=force, work_dir=work)
+    _driver_link_name(out)
     libs = {DRIVER_SONAME: driver}
     for base, spec in LIBS.items():
         if spec["soname"] in shared:

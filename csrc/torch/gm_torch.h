@@ -238,7 +238,7 @@ std::string torch_settings_text();
 void set_torch_settings_text(const std::string& text);
 /* Route torch's later settings changes (_set_allocator_settings, the
  * accelerator setter) to the allocator too; once. False where torch has no
- * hook for it (before 2.9): then the caller of torch's setter calls
+ * hook for it (before 2.10, GM_TORCH_ACCEL_CONFIG): then the caller of torch's setter calls
  * settings_changed() after it. */
 bool follow_torch_settings();
 void settings_changed(const std::string& text);

@@ -12,8 +12,8 @@
  * c10/core/AllocatorConfig.h, c10/cuda/CUDAAllocatorConfig.h).
  * The switches were read from the headers of 2.6.0, 2.7.1, 2.8.0, 2.9.1,
  * 2.10.0, 2.11.0, 2.12.1, 2.13.0 and 2.14.1, and the shim compiles against
- * each (built and loaded on 2.6.0, 2.10.0, 2.11.0, 2.12.1, 2.13.0 and
- * 2.14.1).
+ * each (built and loaded on each of them, conformance run on the
+ * simulated GPU: docs/compatibility.md, "Measured per release").
  * Where a release lacks an interface, gpumem does what that release's own
  * allocator does (it has no such call, so nothing is routed to gpumem).
  * Must not: include anything of gpumem's.
@@ -26,10 +26,14 @@
   (TORCH_VERSION_MAJOR > (major) ||     \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
-/* c10/core/AllocatorConfig.h: the device-generic AcceleratorAllocatorConfig
- * parses the common keys, with c10::CachingAllocator::setAllocatorSettings /
- * getAllocatorSettings; before, CUDAAllocatorConfig parsed every key. */
-#define GM_TORCH_ACCEL_CONFIG GM_TORCH_AT_LEAST(2, 9)
+/* The CUDA allocator reads its common keys from the device-generic
+ * AcceleratorAllocatorConfig (c10/core/AllocatorConfig.h), with
+ * c10::CachingAllocator::setAllocatorSettings / getAllocatorSettings;
+ * before, CUDAAllocatorConfig parsed every key. 2.9 has that header, but
+ * its CUDAAllocatorConfig still parses every key itself (2.9.1 on the
+ * simulated GPU: "Unrecognized CachingAllocator option: foo" as a
+ * RuntimeError, max_split_size_mb:20 refused), so the switch is 2.10. */
+#define GM_TORCH_ACCEL_CONFIG GM_TORCH_AT_LEAST(2, 10)
 /* How torch's CUDA parser is chained after the generic one: a public hook
  * getter (getConfigParserHook) from 2.11, before that only
  * registerDeviceConfigParserHook (which replaces the hook). */
@@ -39,8 +43,7 @@
 /* A fraction of 1.0 is no limit: the OOM message names none. Before, any
  * set_per_process_memory_fraction call, 1.0 included, makes it name the
  * limit from then on ("4.00 GiB allowed; ", seen with 2.6.0 on the
- * simulated GPU; 2.10.0 names none). Assumed to have changed with the
- * fraction as a setting (2.10); 2.7 to 2.9 not run. */
+ * simulated GPU, and with 2.7.1, 2.8.0 and 2.9.1; 2.10.0 names none). */
 #define GM_TORCH_FRACTION_ONE_NO_LIMIT GM_TORCH_FRACTION_SETTING
 
 /* MemPool through the allocator: createOrIncrefPool, setUseOnOOM,

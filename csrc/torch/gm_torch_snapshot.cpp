@@ -154,8 +154,11 @@ std::vector<cca::TraceEntry> device_trace(const gm_hist_copy_t& c, int d, bool w
     auto ctx = with_context ? context_of(e.tb) : nullptr;
 #if GM_TORCH_TRACE_MEMPOOL
     cca::TraceEntry te(action, static_cast<c10::DeviceIndex>(d), e.addr, e.size, stream, {0, 0},
-                       0, std::move(ctx), e.compile ? interned_string(e.compile) : "N/A",
-                       interned_string(e.meta));
+                       0, std::move(ctx), e.compile ? interned_string(e.compile) : "N/A"
+#if GM_TORCH_USER_METADATA
+                       , interned_string(e.meta)
+#endif
+    );
 #else
     cca::TraceEntry te(action, static_cast<c10::DeviceIndex>(d), e.addr, e.size, stream, 0,
                        std::move(ctx));

@@ -124,7 +124,7 @@ def _settings_refusal() -> Optional[AllocConfError]:
 def _torch_words_first(mod, refused: AllocConfError) -> bool:
     """Whether torch's parser is asked before gpumem's refusal is raised:
     on a release whose allocator settings have no device-generic parser
-    (before 2.9), a torch variable that torch refuses is refused in that
+    (before 2.10), a torch variable that torch refuses is refused in that
     release's words, as its own allocator refuses it; gpumem's variable
     (GPUMEM_ALLOC_CONF) always gets gpumem's."""
     return (getattr(refused, "variable", "") != "GPUMEM_ALLOC_CONF"
@@ -221,7 +221,7 @@ def _not_initialised_error() -> InstallError:
 
 
 def _follow_settings_setter(torch, mod) -> None:
-    """torch releases before 2.9 have no hook that a new allocator settings
+    """torch releases before 2.10 have no hook that a new allocator settings
     string passes through: their setter is wrapped instead, so that
     torch.cuda.memory._set_allocator_settings reaches gpumem as it reaches
     torch's allocator (the allocator stays wrapped: it is never uninstalled)."""

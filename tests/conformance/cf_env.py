@@ -33,12 +33,12 @@ VARIANTS = {
 #: per_process_memory_fraction is a settings key from torch 2.10 on. 2.6.0 reads only
 #: PYTORCH_CUDA_ALLOC_CONF and refuses max_split_size_mb:20 ("must be > 20"); 2.10.0
 #: reads PYTORCH_ALLOC_CONF too and takes 20 ("must be >= 20"): both came with the
-#: device-generic settings parser, put at 2.9.
+#: device-generic settings parser, 2.10 (2.9.1 is as 2.6.0).
 _FRACTION = ("2.10", "per_process_memory_fraction in PYTORCH_CUDA_ALLOC_CONF")
 VARIANT_SINCE = {"fraction-half": _FRACTION, "fraction-zero": _FRACTION,
                  "fraction-one": _FRACTION,
-                 "max-split-20": ("2.9", "max_split_size_mb:20 (it needs more than 20)"),
-                 "generic-var": ("2.9", "PYTORCH_ALLOC_CONF (it reads PYTORCH_CUDA_ALLOC_CONF)")}
+                 "max-split-20": ("2.10", "max_split_size_mb:20 (it needs more than 20)"),
+                 "generic-var": ("2.10", "PYTORCH_ALLOC_CONF (it reads PYTORCH_CUDA_ALLOC_CONF)")}
 
 
 def _expect() -> dict:

@@ -89,7 +89,7 @@ def check_bad_strings_raise_value_error():
         raises(settings_error(), lambda: setter("foo:1"), match=unknown)
 
 
-@since("2.9", "max_split_size_mb:20 (it needs more than 20)")
+@since("2.10", "max_split_size_mb:20 (it needs more than 20)")
 def check_max_split_size_mb_20_is_accepted():
     with settings("max_split_size_mb:20"):
         pass
@@ -198,11 +198,11 @@ def check_max_split_size_stat_after_a_change():
 def check_a_negative_max_split_size_is_refused_not_applied_as_no_limit():
     # torch's parser reads -5 through std::stoull as 2**64 - 5 and applies no
     # limit; gpumem's one settings check refuses it in one line, before
-    # torch's parser applies anything.  Before 2.9 torch's own setter parses
+    # torch's parser applies anything.  Before 2.10 torch's own setter parses
     # the string first (gpumem follows it: installer._follow_settings_setter),
     # so there gpumem applies what that release's allocator applies.
     before = settings_in_force()
-    if gpumem() and torch_release() >= (2, 9):
+    if gpumem() and torch_release() >= (2, 10):
         e = raises(ValueError, lambda: set_settings("max_split_size_mb:-5"),
                    match="max_split_size_mb")
         assert "\n" not in str(e), str(e)

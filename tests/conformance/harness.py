@@ -108,9 +108,9 @@ def older_than(release: str, what: str) -> str | None:
 
 def settings_error() -> type:
     """What torch raises for a bad settings string: ValueError from its
-    device-generic parser (2.9 on, put there with it; read on 2.10.0 and
-    2.14.1), RuntimeError before (2.6.0)."""
-    return ValueError if torch_release() >= (2, 9) else RuntimeError
+    device-generic parser (2.10 on; read on 2.10.0 and 2.14.1), RuntimeError
+    before (2.6.0, 2.9.1: 2.9's CUDA allocator still parses every key)."""
+    return ValueError if torch_release() >= (2, 10) else RuntimeError
 
 
 def missing_interface(fn: Callable) -> str | None:

@@ -76,7 +76,9 @@ def test_build_sim_libs_builds_all_and_caches(tmp_path):
     assert {n: p.stat().st_mtime_ns for n, p in again.items()} == mtimes
     # What setup.py does: the package directory gets the libraries only.
     pkg = simbuild.build_sim_libs(tmp_path / "pkg" / "_sim", work_dir=tmp_path / "temp")
-    assert sorted(p.name for p in (tmp_path / "pkg" / "_sim").iterdir()) == sorted(pkg)
+    assert sorted(p.name for p in (tmp_path / "pkg" / "_sim").iterdir()) == sorted(
+        list(pkg) + [simbuild.DRIVER_LINK_NAME])
+    assert os.readlink(tmp_path / "pkg" / "_sim" / "libcuda.so") == "libcuda.so.1"  # -lcuda finds it
     assert (tmp_path / "temp" / "gen" / "libcudart.so.13.stubs.c").is_file()
     # extra flags rebuild, and the CLI works
     proc = subprocess.run([sys.executable, str(SIM / "build.py"), str(tmp_path / "cli"),
@@ -93,7 +95,8 @@ def test_build_sim_tree_builds_every_major_version_sharing_the_driver(tmp_path):
     assert tuple(sorted(tree)) == sim.CUDA_MAJORS
     for major, libs in tree.items():
         assert list(libs) == sim.sonames(major) == simbuild.sim_sonames(major)
-        assert sorted(p.name for p in (tmp_path / "_lib" / f"cuda{major}").iterdir()) == sorted(libs)
+        assert sorted(p.name for p in (tmp_path / "_lib" / f"cuda{major}").iterdir()) == sorted(
+            list(libs) + [simbuild.DRIVER_LINK_NAME])
     # the driver and NVML are compiled once (one stamp) and copied
     for name in simbuild.MAJOR_INDEPENDENT:
         assert tree[12][name].read_bytes() == tree[13][name].read_bytes()
