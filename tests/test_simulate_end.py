@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -135,6 +136,17 @@ time.sleep(120)
 """
 
 
+def _proc_state(pid: int) -> str:
+    """A process's state, signal masks and kernel wait channel (Linux /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        keep = [x for x in status if x.split(":")[0] in ("State", "SigBlk", "SigIgn", "SigCgt")]
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        return f"pid {pid}: {', '.join(keep)}, wchan {wchan}"
+    except OSError as e:
+        return f"pid {pid}: {e}"
+
+
 def _stop(tmp_path, signo, script, *args):
     """Run script under simulate, send signo to simulate alone once every
     process printed "ready"; (simulate's status, stdout, the script's pids, seconds
@@ -156,7 +168,11 @@ def _stop(tmp_path, signo, script, *args):
                 pids.append(int(line.split()[1]))
         sent = time.monotonic()
         proc.send_signal(signo)   # to simulate alone, not to its process group
-        out, err = proc.communicate(timeout=20)
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:   # say what the script was doing
+            pytest.fail(f"not ended 20 s after {signal.Signals(signo).name}: "
+                        + "; ".join(_proc_state(pid) for pid in pids))
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
@@ -174,7 +190,10 @@ def _stop(tmp_path, signo, script, *args):
     signal.SIGTERM,
     # Open: in two full-suite runs on the merged line of 2026-11-28 the SIGINT'd
     # script had not ended 10 s and 20 s after the signal (alone it passes in
-    # 5 s); not diagnosed yet, so not strict.
+    # 5 s, and it passed in a third full-suite run, where the pytest workers'
+    # SIGINT disposition and signal masks never changed: not an ignored signal
+    # inherited from the worker); not diagnosed yet, so not strict. A failure
+    # now reports the script's state, masks and wait channel.
     pytest.param(signal.SIGINT, marks=pytest.mark.xfail(
         strict=False, reason="SIGINT'd script slow to end under the full suite: open"))])
 def test_a_signal_to_simulate_stops_the_job_and_keeps_the_snapshot(tmp_path, signo):
