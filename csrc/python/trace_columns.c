@@ -27,7 +27,7 @@
 
 #include <string.h>
 
-#include "../base/ptrmap.h"
+#include "trace_objs.h"
 
 #define MAX_KEYS 8
 #define N_INT GM_TC_N_INT
@@ -54,12 +54,7 @@ struct gm_tcols {
     PyObject *actions;   /* list of str */
     PyObject *shapes;    /* list of tuples of key str */
     shape_t shape[MAX_KINDS];
-    PyObject *objs;      /* list: the distinct objects; index 0 is None */
-    PyObject *strs;      /* dict: str -> index into objs */
-    gm_ptrmap_t by_ptr;  /* an object kept in objs -> its index */
-    gm_ptrmap_t by_hash; /* content hash of a list | 1 -> first index with it */
-    uint32_t *next;      /* per objs index: the next index with the same hash */
-    Py_ssize_t next_cap;
+    gm_tobjs_t o;        /* the distinct values other than the five integers */
     int last_shape;
 };
 
@@ -72,19 +67,12 @@ PyObject *gm_tcols_new(void) {
         return NULL;
     t->recs = NULL;
     t->n = t->cap = 0;
-    t->next = NULL;
-    t->next_cap = 0;
     t->last_shape = 0;
     t->actions = PyList_New(0);
     t->shapes = PyList_New(0);
-    t->objs = PyList_New(0);
-    t->strs = PyDict_New();
-    memset(&t->by_ptr, 0, sizeof t->by_ptr);
-    memset(&t->by_hash, 0, sizeof t->by_hash);
+    memset(&t->o, 0, sizeof t->o);
     PyObject_GC_Track(t);
-    if (!t->actions || !t->shapes || !t->objs || !t->strs ||
-        PyList_Append(t->objs, Py_None) < 0 || gm_ptrmap_init(&t->by_ptr, 64) != 0 ||
-        gm_ptrmap_init(&t->by_hash, 64) != 0) {
+    if (!t->actions || !t->shapes || gm_tobjs_init(&t->o) < 0) {
         Py_DECREF(t);
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
@@ -112,100 +100,6 @@ static int int_field(PyObject *v, int is_signed, uint64_t *out) {
     }
     *out = x;
     return 1;
-}
-
-static int grow_next(gm_tcols_t *t, Py_ssize_t need) {
-    if (need <= t->next_cap)
-        return 0;
-    Py_ssize_t cap = t->next_cap ? t->next_cap * 2 : 64;
-    while (cap < need)
-        cap *= 2;
-    uint32_t *p = PyMem_Realloc(t->next, (size_t)cap * sizeof *p);
-    if (!p) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    t->next = p;
-    t->next_cap = cap;
-    return 0;
-}
-
-/* Append obj to objs: its index, or -1 with an exception. */
-static long add_obj(gm_tcols_t *t, PyObject *obj) {
-    Py_ssize_t i = PyList_GET_SIZE(t->objs);
-    if (i >= UINT32_MAX || grow_next(t, i + 1) < 0 || PyList_Append(t->objs, obj) < 0)
-        return PyErr_Occurred() ? -1 : (PyErr_NoMemory(), -1);
-    t->next[i] = 0;
-    return (long)i;
-}
-
-static uintptr_t list_hash(PyObject *list) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)PyList_GET_SIZE(list);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++)
-        h = (h ^ (uint64_t)(uintptr_t)PyList_GET_ITEM(list, i)) * 0x100000001B3ull;
-    return (uintptr_t)(h | 1);
-}
-
-static int same_items(PyObject *a, PyObject *b) {
-    Py_ssize_t n = PyList_GET_SIZE(a);
-    if (n != PyList_GET_SIZE(b))
-        return 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (PyList_GET_ITEM(a, i) != PyList_GET_ITEM(b, i))
-            return 0;
-    return 1;
-}
-
-/* The objs index of a value equal to obj (added if new), or -1. */
-static long intern_obj(gm_tcols_t *t, PyObject *obj) {
-    uintptr_t found;
-    if (gm_ptrmap_get(&t->by_ptr, (uintptr_t)obj, &found)) /* one kept in objs */
-        return (long)found;
-    if (PyList_CheckExact(obj)) {
-        uintptr_t h = list_hash(obj);
-        if (gm_ptrmap_get(&t->by_hash, h, &found)) {
-            for (uint32_t i = (uint32_t)found; i; i = t->next[i])
-                if (same_items(PyList_GET_ITEM(t->objs, i), obj))
-                    return (long)i;
-        }
-        long i = add_obj(t, obj);
-        if (i < 0)
-            return -1;
-        if (gm_ptrmap_put(&t->by_ptr, (uintptr_t)obj, (uintptr_t)i) != 0) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        if (gm_ptrmap_get(&t->by_hash, h, &found)) { /* chain behind the first */
-            t->next[i] = t->next[found];
-            t->next[found] = (uint32_t)i;
-        } else if (gm_ptrmap_put(&t->by_hash, h, (uintptr_t)i) != 0) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        return i;
-    }
-    if (PyUnicode_CheckExact(obj)) {
-        PyObject *had = PyDict_GetItemWithError(t->strs, obj);
-        if (had)
-            return PyLong_AsLong(had);
-        if (PyErr_Occurred())
-            return -1;
-    }
-    long i = add_obj(t, obj);
-    if (i < 0)
-        return -1;
-    if (gm_ptrmap_put(&t->by_ptr, (uintptr_t)obj, (uintptr_t)i) != 0) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    if (PyUnicode_CheckExact(obj)) {
-        PyObject *idx = PyLong_FromLong(i);
-        int rc = idx ? PyDict_SetItem(t->strs, obj, idx) : -1;
-        Py_XDECREF(idx);
-        if (rc < 0)
-            return -1;
-    }
-    return i;
 }
 
 /* Index of the str s in list (appended if new, at most MAX_KINDS), -2 if full, -1 error. */
@@ -348,7 +242,7 @@ int gm_tcols_take_pairs(PyObject *self, PyObject *const *kv, const int64_t *imm,
     r.shape = (uint8_t)s;
     for (int k = 0; k < nobj; k++) {
         PyObject *made = objs[k] ? NULL : PyLong_FromLongLong(oimm[k]); /* kept by objs */
-        long i = objs[k] || made ? intern_obj(t, objs[k] ? objs[k] : made) : -1;
+        long i = objs[k] || made ? gm_tobjs_intern(&t->o, objs[k] ? objs[k] : made) : -1;
         Py_XDECREF(made);
         if (i < 0)
             return -1;
@@ -374,7 +268,7 @@ int gm_tcols_view(PyObject *o, gm_tcols_view_t *v) {
     if (!Py_IS_TYPE(o, &TraceColumnsType))
         return 0;
     gm_tcols_t *t = (gm_tcols_t *)o;
-    *v = (gm_tcols_view_t){t->recs, t->n, t->actions, t->objs, (int)PyList_GET_SIZE(t->shapes)};
+    *v = (gm_tcols_view_t){t->recs, t->n, t->actions, t->o.objs, (int)PyList_GET_SIZE(t->shapes)};
     return 1;
 }
 
@@ -410,7 +304,7 @@ PyObject *gm_tcols_item(PyObject *self, Py_ssize_t i) {
             v = INT_SIGNED[c - 1] ? PyLong_FromLongLong((long long)x)
                                   : PyLong_FromUnsignedLongLong(x);
         } else {
-            v = PyList_GET_ITEM(t->objs, r->obj[c - 16]);
+            v = PyList_GET_ITEM(t->o.objs, r->obj[c - 16]);
             Py_INCREF(v);
         }
         if (!v || PyDict_SetItem(d, PyTuple_GET_ITEM(keys, k), v) < 0) {
@@ -451,8 +345,8 @@ static int tc_traverse(PyObject *self, visitproc visit, void *arg) {
     gm_tcols_t *t = (gm_tcols_t *)self;
     Py_VISIT(t->actions);
     Py_VISIT(t->shapes);
-    Py_VISIT(t->objs);
-    Py_VISIT(t->strs);
+    Py_VISIT(t->o.objs);
+    Py_VISIT(t->o.strs);
     return 0;
 }
 
@@ -460,8 +354,8 @@ static int tc_clear(PyObject *self) {
     gm_tcols_t *t = (gm_tcols_t *)self;
     Py_CLEAR(t->actions);
     Py_CLEAR(t->shapes);
-    Py_CLEAR(t->objs);
-    Py_CLEAR(t->strs);
+    Py_CLEAR(t->o.objs);
+    Py_CLEAR(t->o.strs);
     t->n = 0;
     return 0;
 }
@@ -471,9 +365,7 @@ static void tc_dealloc(PyObject *self) {
     PyObject_GC_UnTrack(self);
     tc_clear(self);
     PyMem_RawFree(t->recs);
-    PyMem_Free(t->next);
-    gm_ptrmap_free(&t->by_ptr);
-    gm_ptrmap_free(&t->by_hash);
+    gm_tobjs_free(&t->o);
     PyObject_GC_Del(self);
 }
 
