@@ -353,6 +353,7 @@ emit({{"inside": inside, "after": categories.enabled(),
     assert {"parameter", "input", "optimizer_state"} <= set(r["block_names"])
 
 
+@pytest.mark.slow   # 9 s: the fast tier's bar is 120 s of CPU
 def test_loop_without_optimizer_buffers_and_uninstall():
     """No optimizer: gradients are tagged when backward returns; module
     buffers (BatchNorm's statistics) count as parameters; turning categories
