@@ -106,6 +106,7 @@ def test_the_h200_preset_answers_what_a_real_h200_answered():
     assert out == [149_557_477_376, 150_109_880_320, 150_109_880_320, 60 << 20, "NVIDIA H200"]
 
 
+@pytest.mark.slow   # fast tier: 120 s of CPU at most (README, Test)
 @needs_torch
 def test_a_bad_gpu_spec_fails_cuinit_with_one_line():
     from gpumem import sim

@@ -265,6 +265,7 @@ def test_training_loop_runs_unchanged_and_peaks_repeat():
     assert sum(out["gemms"]) > 0
 
 
+@pytest.mark.slow   # fast tier: 120 s of CPU at most (README, Test)
 def test_nothing_is_faked_without_the_launcher():
     libdir = sim_lib_dir()
     code = textwrap.dedent('''
