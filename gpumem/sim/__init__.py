@@ -282,6 +282,27 @@ def run_snippet(code: str, *, memory: Union[str, int, None] = "80GiB", devices: 
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def stop_signals() -> List[int]:
+    """SIGTERM and SIGINT, less any this process was started with ignored:
+    the ones a launcher of a run (gpumem simulate, gpumem fit, python -m
+    gpumem.sim --report) catches and passes on to the run.
+
+    Note [An ignored stop signal]
+    Rationale: a shell without job control starts a background command
+      (``cmd &``) with SIGINT ignored, and that disposition is inherited by
+      everything the command starts; gpumem simulate caught SIGINT anyway and
+      passed it on to a script that ignored it, so the script ran on until
+      the grace period's SIGKILL, and its snapshot was lost (seen as a test
+      that failed only when the suite was started in the background).
+    Approach: a signal ignored when the launcher started stays ignored, as
+      CPython itself leaves SIGINT ignored then: the launcher installs no
+      handler for it and the run, which inherits the same disposition,
+      ignores it too.  A signal not ignored is handled as before."""
+    import signal
+    return [s for s in (signal.SIGTERM, signal.SIGINT)
+            if signal.getsignal(s) != signal.SIG_IGN]
+
+
 def _gpu_names() -> List[str]:
     from gpumem.sim import gpus as sim_gpus
     return list(sim_gpus.MODELS)
@@ -368,7 +389,7 @@ def _run_reporting(cmd: List[str], env: Dict[str, str], report: str) -> int:
             except OSError:
                 pass
 
-        old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        old = {s: signal.signal(s, forward) for s in stop_signals()}
         try:
             rc = proc.wait()
         finally:

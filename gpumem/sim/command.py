@@ -62,6 +62,7 @@ import time
 from typing import Any, Optional
 
 from gpumem.sim import torchrun as _launch, rank_report as _rank_report, outcome as _outcome
+from gpumem import sim as _sim
 from gpumem.sim import world as _world
 from gpumem._atomic import write_atomic
 from gpumem._format import format_bytes
@@ -680,7 +681,9 @@ def _wait(proc: subprocess.Popen) -> tuple[int, int]:
       gpumem/sim/child.py).  A process still there STOP_GRACE seconds
       later, or at a second signal, is killed with SIGKILL together with
       everything it started.  The report is then written from what was
-      recorded, and gpumem simulate ends with the signal it got.
+      recorded, and gpumem simulate ends with the signal it got.  A signal
+      ignored when gpumem simulate started stays ignored, by it and by the
+      run (Note [An ignored stop signal] in gpumem/sim/__init__.py).
     Limitations: a process that ignores the signal and outlives its parent
       (a daemon that left the process tree) is not found."""
     got: list[int] = []
@@ -693,7 +696,7 @@ def _wait(proc: subprocess.Popen) -> tuple[int, int]:
         except OSError:
             pass
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, on_signal) for s in _sim.stop_signals()}
     try:
         deadline = None
         while True:

@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpumem fit: {knob.label} from {knob.lo} to {knob.hi} ({where}) in "
               f"{shlex.join(cmd)}", file=sys.stderr, flush=True)
     runner = _Runner(cmd, knob, out, _sim_args(args), quiet=args.json)
-    old = {s: signal.signal(s, runner.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, runner.on_signal) for s in sim.stop_signals()}
     start = time.monotonic()
     searches = []
     try:
