@@ -88,7 +88,7 @@ RECORD_FUNCTION = Module(
     "record_function",
     ("torch/gm_torch_compat.h", "torch/gm_torch_pycall.h", "torch/gm_torch_record_function.h",
      "torch/gm_torch_record_function.cpp", "torch/gm_torch_rf_module.cpp"),
-    ("-lc10_cuda",), False, 8)
+    ("-lc10_cuda",), False, 10)
 MODULES = (SHIM, RECORD_FUNCTION)
 MODULE_NAME = SHIM.name
 #: Bumped when the build recipe below changes in a way the sources do not show.
