@@ -243,16 +243,6 @@ void set_torch_settings_text(const std::string& text);
 bool follow_torch_settings();
 void settings_changed(const std::string& text);
 
-/* ---- history (gm_torch_history.cpp) ---- */
-/* Record record_function ranges (Note [Annotations]) while recording: of
- * the calling thread, or of every thread with `global`; off clears them. */
-void set_annotations(bool enabled, bool global);
-/* Note [Compile contexts] (gm_torch_history.cpp): follow torch.compile
- * regions while recording with compile_context=True. GIL held. */
-void set_compile_contexts(bool enabled);
-/* (name, start?, device, time_us) of each range event so far. */
-std::vector<std::tuple<std::string, bool, int, int64_t>> annotations();
-
 /* ---- out of memory (gm_torch_oom.cpp, gm_torch_nvml.cpp) ---- */
 /* The sentences NVML gives for the processes on `device` (Note [Process
  * lines from NVML]), "" without NVML. No core lock held; never throws. */

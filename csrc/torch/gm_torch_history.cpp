@@ -1,8 +1,7 @@
 /*
  * gm_torch_history.cpp - memory history as torch's entry points see it:
  * stacks with TorchScript frames, the C++ history interface of the
- * allocator (recordHistory, snapshot, user metadata), and the
- * record_function annotations torch keeps beside the trace.
+ * allocator (recordHistory, snapshot, user metadata, compile contexts).
  *
  * gpumem records history itself (csrc/history); gpumem.recording.history routes
  * torch's Python functions to it. This file serves what reaches the
@@ -16,17 +15,15 @@
  *     gpumem's recording and hands over torch's context function (Note
  *     [C++ contexts] in gm_torch_snapshot.cpp, where snapshot() is);
  *   - set/getUserMetadata(): the calling thread's user_metadata;
- *   - Note [Annotations]: record_function ranges while recording.
+ *   - push/popCompileContext(): the thread's torch.compile region.
+ * The record_function callbacks (Note [Annotations], Note [Compile
+ * contexts]) are in a module of their own, gm_torch_record_function.cpp.
  * Must not: hold a core lock while calling torch or Python.
  */
 #include "gm_torch.h"
 
-#include <ATen/record_function.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/jit/frontend/source_range.h>
 
-#include <chrono>
-#include <cstring>
 
 /* The TorchScript interpreter's call stack of this thread (outermost first),
  * exported by libtorch_cpu in every supported release. Declared as in
@@ -146,117 +143,13 @@ void GpumemAllocator::annotateMemory(const void* ptr, const std::string& metadat
 }
 #endif
 
-/*
- * Note [Annotations]
- * Rationale: while torch records memory history it also keeps the
- *   record_function ranges (torch.profiler.record_function, user scopes) of
- *   the recording thread, or of every thread, as the snapshot's
- *   external_annotations: {name, stage START|END, device, time_us}.
- * Approach: gpumem.recording.history turns the same callbacks on and off with
- *   recording (set_annotations); they append to one list under a mutex,
- *   read by annotations() when a snapshot is taken and cleared when
- *   recording stops.
- * Limitations: the list is unbounded while recording, as torch's is.
- */
-namespace {
-
-struct annotation {
-  std::string name;
-  bool start;
-  int device;
-  int64_t time_us;
-};
-
-std::mutex g_ann_mu;
-std::vector<annotation> g_annotations;      /* protected by: g_ann_mu */
-at::CallbackHandle g_ann_handle = 0;        /* protected by: the GIL */
-
-void add_annotation(const at::RecordFunction& fn, bool start) {
-  auto now = std::chrono::system_clock::now().time_since_epoch();
-  annotation a{fn.name(), start, static_cast<int>(c10::cuda::current_device()),
-               std::chrono::duration_cast<std::chrono::microseconds>(now).count()};
-  std::lock_guard<std::mutex> guard(g_ann_mu);
-  g_annotations.push_back(std::move(a));
-}
-
-std::unique_ptr<at::ObserverContext> ann_start(const at::RecordFunction& fn) {
-  add_annotation(fn, true);
-  return nullptr;
-}
-
-void ann_end(const at::RecordFunction& fn, at::ObserverContext*) { add_annotation(fn, false); }
-
-}  // namespace
-
-void set_annotations(bool enabled, bool global) {
-  if (g_ann_handle) {
-    at::removeCallback(g_ann_handle);
-    g_ann_handle = 0;
-  }
-  if (!enabled) {
-    std::lock_guard<std::mutex> guard(g_ann_mu);
-    g_annotations.clear();
-    return;
-  }
-  at::RecordFunctionCallback cb(&ann_start, &ann_end);
-  cb.scopes({at::RecordScope::USER_SCOPE});
-  g_ann_handle = global ? at::addGlobalCallback(cb) : at::addThreadLocalCallback(cb);
-}
-
-std::vector<std::tuple<std::string, bool, int, int64_t>> annotations() {
-  std::lock_guard<std::mutex> guard(g_ann_mu);
-  std::vector<std::tuple<std::string, bool, int, int64_t>> out;
-  out.reserve(g_annotations.size());
-  for (const annotation& a : g_annotations)
-    out.emplace_back(a.name, a.start, a.device, a.time_us);
-  return out;
-}
-
-/*
- * Note [Compile contexts]
- * Rationale: with _record_memory_history(compile_context=True) torch's
- *   trace entries name the torch.compile region that made them
- *   ("Torch-Compiled Region: 0/0", else "N/A"): a record_function callback
- *   calls the allocator's push/popCompileContext around each region, and the
- *   allocator keeps a per-thread stack whose top goes on every entry.
- * Approach: push/popCompileContext keep the thread's stack of interned
- *   names and tell gpumem's history the innermost (a thread-local read by
- *   the trace hook, like user_metadata). Torch registers its callback only
- *   when its own C++ _record_memory_history is called; gpumem.recording.history
- *   turns the same callback on here (set_compile_contexts) when the Python
- *   entry point asks for compile_context.
- * Limitations: before torch 2.8 the allocator has no compile contexts, and
- *   neither has gpumem's shim built against it. The callback runs on every
- *   record_function of every thread while it is on, as torch's does.
- */
-namespace {
-
+/* push/popCompileContext: Note [Compile contexts] in gm_torch_record_function.cpp,
+ * where the callback that calls them is (the record_function module). */
 #if GM_TORCH_COMPILE_CONTEXT
+namespace {
 thread_local std::vector<uint32_t> t_compile; /* innermost last */
-at::CallbackHandle g_cc_handle = 0;            /* protected by: the GIL */
-constexpr char kRegion[] = "Torch-Compiled Region";
-
-bool is_region(const at::RecordFunction& fn) {
-  return std::strncmp(fn.name(), kRegion, sizeof kRegion - 1) == 0;
-}
-
-std::unique_ptr<at::ObserverContext> cc_start(const at::RecordFunction& fn) {
-  if (is_region(fn)) {
-    std::string name = fn.name();
-    c10::cuda::CUDACachingAllocator::pushCompileContext(name);
-  }
-  return nullptr;
-}
-
-void cc_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  if (is_region(fn))
-    c10::cuda::CUDACachingAllocator::popCompileContext();
-}
-#endif
-
 }  // namespace
 
-#if GM_TORCH_COMPILE_CONTEXT
 void GpumemAllocator::pushCompileContext(std::string& md) {
   t_compile.push_back(g_hist->intern_string(md.data(), md.size()));
   g_hist->set_thread_compile_context(t_compile.back());
@@ -268,18 +161,5 @@ void GpumemAllocator::popCompileContext() {
   g_hist->set_thread_compile_context(t_compile.empty() ? 0 : t_compile.back());
 }
 #endif
-
-void set_compile_contexts(bool enabled) {
-#if GM_TORCH_COMPILE_CONTEXT
-  if (g_cc_handle) {
-    at::removeCallback(g_cc_handle);
-    g_cc_handle = 0;
-  }
-  if (enabled)
-    g_cc_handle = at::addGlobalCallback(at::RecordFunctionCallback(&cc_start, &cc_end));
-#else
-  (void)enabled;
-#endif
-}
 
 }  // namespace gpumem

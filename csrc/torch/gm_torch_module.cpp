@@ -35,6 +35,25 @@ using gpumem::GpumemAllocator;
 
 namespace {
 
+gpumem::GpumemAllocator& need_instance() {
+  gpumem::GpumemAllocator* a = gpumem::instance();
+  if (!a)
+    throw std::runtime_error("gpumem's torch allocator has not been created; call gpumem.install()");
+  return *a;
+}
+
+/* The device argument of `args` (one int), range-checked; false with an
+ * exception set otherwise. */
+bool device_arg(PyObject* args, const char* fmt, int* device) {
+  if (!PyArg_ParseTuple(args, fmt, device))
+    return false;
+  if (*device < 0 || *device >= gpumem::kMaxDevices) {
+    PyErr_Format(PyExc_ValueError, "device %d is out of range", *device);
+    return false;
+  }
+  return true;
+}
+
 PyObject* settings_dict(const gm_settings_t& s) { return gpumem::g_core->settings_dict(&s); }
 
 /* ---- the module's functions ---- */
@@ -207,50 +226,6 @@ PyObject* allocator_settings(PyObject*, PyObject*) {
   });
 }
 
-PyObject* set_annotations(PyObject*, PyObject* args, PyObject* kwargs) {
-  static const char* kw[] = {"enabled", "global_", nullptr};
-  int enabled, global;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "pp:set_annotations", const_cast<char**>(kw),
-                                   &enabled, &global))
-    return nullptr;
-  return guarded([&]() -> PyObject* {
-    gpumem::set_annotations(enabled != 0, global != 0);
-    Py_RETURN_NONE;
-  });
-}
-
-PyObject* set_compile_contexts(PyObject*, PyObject* args, PyObject* kwargs) {
-  static const char* kw[] = {"enabled", nullptr};
-  int enabled;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "p:set_compile_contexts", const_cast<char**>(kw),
-                                   &enabled))
-    return nullptr;
-  return guarded([&]() -> PyObject* {
-    gpumem::set_compile_contexts(enabled != 0);
-    Py_RETURN_NONE;
-  });
-}
-
-PyObject* annotations(PyObject*, PyObject*) {
-  return guarded([]() -> PyObject* {
-    PyObject* out = PyList_New(0);
-    for (const auto& a : gpumem::annotations()) {
-      if (!out)
-        break;
-      PyObject* d = make_dict([&](PyObject* e) {
-        return put(e, "stage", PyUnicode_FromString(std::get<1>(a) ? "START" : "END")) &&
-               put(e, "name", py_str(std::get<0>(a))) &&
-               put(e, "device", PyLong_FromLong(std::get<2>(a))) &&
-               put(e, "time_us", PyLong_FromLongLong(static_cast<long long>(std::get<3>(a))));
-      });
-      if (!d || PyList_Append(out, d) < 0)
-        Py_CLEAR(out);
-      Py_XDECREF(d);
-    }
-    return out;
-  });
-}
-
 PyObject* exists(PyObject*, PyObject*) { return py_bool(gpumem::instance() != nullptr); }
 
 PyObject* is_current(PyObject*, PyObject*) {
@@ -396,10 +371,6 @@ PyObject* device_count(PyObject*, PyObject*) {
   return PyLong_FromLong(a ? a->device_count() : 0);
 }
 
-#define GM_FN(name, flags, doc) \
-  {#name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(name)), flags, doc}
-#define GM_KW (METH_VARARGS | METH_KEYWORDS)
-
 PyMethodDef methods[] = {
     GM_FN(build_info, METH_NOARGS, "What the shim was built for: torch_version, core/hist API versions, max_devices."),
     GM_FN(interfaces, METH_NOARGS, "The memory-history interfaces of the torch built against (gm_torch_compat.h)."),
@@ -427,14 +398,6 @@ PyMethodDef methods[] = {
           "The settings dict in force (torch's settings changed at run time included)."),
     GM_FN(allocator_settings, METH_NOARGS,
           "torch's allocator_settings snapshot dict for the settings in force."),
-    GM_FN(set_annotations, GM_KW,
-          "set_annotations(enabled, global_): record record_function ranges while memory history "
-          "is recorded (Note [Annotations])."),
-    GM_FN(set_compile_contexts, GM_KW,
-          "set_compile_contexts(enabled): name torch.compile regions on trace entries while "
-          "recording (Note [Compile contexts])."),
-    GM_FN(annotations, METH_NOARGS,
-          "external_annotations for a snapshot: {stage, name, device, time_us} each."),
     GM_FN(exists, METH_NOARGS, "The allocator has been created."),
     GM_FN(is_current, METH_NOARGS, "The allocator is torch's current CUDA allocator."),
     GM_FN(initialized, METH_NOARGS, "torch has initialised the allocator (init())."),
@@ -464,11 +427,6 @@ PyModuleDef module_def = {
     nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
-
-#define GM_INIT_NAME2(name) PyInit_##name
-#define GM_INIT_NAME(name) GM_INIT_NAME2(name)
-#define GM_STR2(name) #name
-#define GM_STR(name) GM_STR2(name)
 
 PyMODINIT_FUNC GM_INIT_NAME(TORCH_EXTENSION_NAME)(void) {
   gpumem::g_core =

@@ -1,9 +1,10 @@
 /*
  * gm_torch_pycall.h - what the shim module's functions share to be called
  * from Python on the plain C API: C++ exceptions turned into torch's Python
- * exceptions (guarded), argument checks, the GIL released around device
+ * exceptions (guarded), the GIL released around device
  * waits, dict building, and the gpumem._C capsules' import. Included by
- * gm_torch_module.cpp only.
+ * the modules' files only (gm_torch_module.cpp, gm_torch_rf_module.cpp);
+ * includes nothing of torch's.
  */
 #ifndef GM_TORCH_PYCALL_H
 #define GM_TORCH_PYCALL_H
@@ -14,8 +15,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "gm_torch.h"
-
 /* torch's own translation of a C++ exception into a Python one (c10::Error
  * to RuntimeError, c10::ValueError to ValueError, c10::OutOfMemoryError to
  * torch.OutOfMemoryError, ...), exported by libtorch_python in every
@@ -24,6 +23,17 @@
 namespace torch {
 __attribute__((visibility("default"))) void translate_exception_to_python(const std::exception_ptr&);
 }  // namespace torch
+
+/* A method table's entry for the function `name`; the flags of one taking
+ * keywords; the module's init function and name from TORCH_EXTENSION_NAME
+ * (cpp_extension defines it). */
+#define GM_FN(name, flags, doc) \
+  {#name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(name)), flags, doc}
+#define GM_KW (METH_VARARGS | METH_KEYWORDS)
+#define GM_INIT_NAME2(name) PyInit_##name
+#define GM_INIT_NAME(name) GM_INIT_NAME2(name)
+#define GM_STR2(name) #name
+#define GM_STR(name) GM_STR2(name)
 
 namespace {
 
@@ -37,25 +47,6 @@ PyObject* guarded(F&& body) noexcept {
     torch::translate_exception_to_python(std::current_exception());
     return nullptr;
   }
-}
-
-gpumem::GpumemAllocator& need_instance() {
-  gpumem::GpumemAllocator* a = gpumem::instance();
-  if (!a)
-    throw std::runtime_error("gpumem's torch allocator has not been created; call gpumem.install()");
-  return *a;
-}
-
-/* The device argument of `args` (one int), range-checked; false with an
- * exception set otherwise. */
-bool device_arg(PyObject* args, const char* fmt, int* device) {
-  if (!PyArg_ParseTuple(args, fmt, device))
-    return false;
-  if (*device < 0 || *device >= gpumem::kMaxDevices) {
-    PyErr_Format(PyExc_ValueError, "device %d is out of range", *device);
-    return false;
-  }
-  return true;
 }
 
 /* Run `body` with the GIL released (it may wait on the device); its C++
@@ -74,7 +65,7 @@ void without_gil(F&& body) {
     std::rethrow_exception(failed);
 }
 
-PyObject* py_bool(bool v) { return PyBool_FromLong(v); }
+inline PyObject* py_bool(bool v) { return PyBool_FromLong(v); }
 
 PyObject* py_str(const std::string& s) {
   return PyUnicode_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));

@@ -178,7 +178,7 @@ def _shim_facts(found: _Findings, facts: dict, torch: Any) -> None:
     elif missing:
         found.add("fail", "torch shim", f"{why}, and it cannot be built here (below)")
     else:
-        found.add("info", "torch shim", f"{why}; install() builds it on first use (about 15 s), "
+        found.add("info", "torch shim", f"{why}; install() builds it on first use (about 10 s), "
                   "or run gpumem build-shim now")
     for what, ok, detail in prereq:
         if ok:

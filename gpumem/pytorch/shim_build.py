@@ -7,6 +7,15 @@ The shim is compiled against the installed torch's headers with
         /shim-<torch version>-cu<CUDA version>-abi<0|1>-<python cache tag>/
             gpumem_torch_shim.so
             gpumem_torch_shim.json   <- what it was built for
+        /record_function-<the same>/
+            gpumem_torch_record_function.so, .json
+
+The second module (RECORD_FUNCTION: memory history's record_function
+callbacks, csrc/torch/gm_torch_record_function.cpp) is kept out of the
+shim's build, whose compile time ATen/record_function.h would be about 40 %
+of: gpumem.recording.history loads it, building it if needed, when history
+is first recorded.  ``gpumem build-shim`` builds both.  Everything below
+applies to each module alike (``module=`` picks one; the shim by default).
 
 The JSON file records the torch version and git revision, the CUDA
 version, the C++ ABI flag, the Python tag, gpumem's core API version and a
@@ -34,25 +43,57 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
-__all__ = ["ShimBuildError", "MODULE_NAME", "SUPPORTED_TORCH", "check_torch_release", "cache_dir", "expected_info", "check", "build",
-           "load", "source_dir", "missing_prerequisite", "prerequisites", "CLI_COMMAND"]
+__all__ = ["ShimBuildError", "MODULE_NAME", "Module", "SHIM", "RECORD_FUNCTION", "MODULES",
+           "SUPPORTED_TORCH", "check_torch_release", "cache_dir", "expected_info", "check", "build",
+           "load", "loaded", "source_dir", "missing_prerequisite", "prerequisites", "CLI_COMMAND"]
 
-MODULE_NAME = "gpumem_torch_shim"
-_INFO_FILE = MODULE_NAME + ".json"
+
+
+class Module(NamedTuple):
+    """One C++ extension module built against torch: its name, what messages
+    call it (after "gpumem's ") and what it is for, its cache folder's
+    prefix, its sources (under csrc/), the libraries it links beyond
+    cpp_extension's, whether it uses gpumem._C's
+    core API, and the "about N s" its first build announces (measured:
+    README.md, "The torch shim")."""
+    name: str
+    what: str
+    purpose: str
+    prefix: str
+    sources: tuple[str, ...]
+    ldflags: tuple[str, ...]
+    uses_core: bool
+    seconds: int
+
+
+SHIM = Module(
+    "gpumem_torch_shim", "torch shim", "gpumem as torch's CUDA allocator", "shim",
+    ("torch/gm_torch.h", "torch/gm_torch_compat.h", "torch/gm_torch_pycall.h",
+     "torch/gm_torch_alloc.cpp", "torch/gm_torch_config.cpp",
+     "torch/gm_torch_history.cpp", "torch/gm_torch_module.cpp", "torch/gm_torch_nvml.cpp",
+     "torch/gm_torch_oom.cpp", "torch/gm_torch_oom_hook.cpp",
+     "torch/gm_torch_pools.cpp", "torch/gm_torch_snapshot.cpp", "torch/gm_torch_stats.cpp",
+     "python/core_api.h", "history/hist.h", "core/gm_alloc.h", "base/errors.h", "base/format.h",
+     "device/backend.h"),
+    ("-ltorch_cuda", "-lc10_cuda", "-ldl"), True, 10)
+RECORD_FUNCTION = Module(
+    "gpumem_torch_record_function",
+    "record_function module", "memory history's annotations and torch.compile regions",
+    "record_function",
+    ("torch/gm_torch_compat.h", "torch/gm_torch_pycall.h", "torch/gm_torch_record_function.h",
+     "torch/gm_torch_record_function.cpp", "torch/gm_torch_rf_module.cpp"),
+    ("-lc10_cuda",), False, 10)
+MODULES = (SHIM, RECORD_FUNCTION)
+MODULE_NAME = SHIM.name
 #: Bumped when the build recipe below changes in a way the sources do not show.
-_RECIPE = 4
-_SOURCES = ("torch/gm_torch.h", "torch/gm_torch_compat.h", "torch/gm_torch_pycall.h",
-            "torch/gm_torch_alloc.cpp", "torch/gm_torch_config.cpp",
-            "torch/gm_torch_history.cpp", "torch/gm_torch_module.cpp", "torch/gm_torch_nvml.cpp",
-            "torch/gm_torch_oom.cpp", "torch/gm_torch_oom_hook.cpp",
-            "torch/gm_torch_pools.cpp", "torch/gm_torch_snapshot.cpp", "torch/gm_torch_stats.cpp")
-_HEADERS = ("python/core_api.h", "history/hist.h", "core/gm_alloc.h", "base/errors.h", "base/format.h",
-            "device/backend.h")
+_RECIPE = 5
+_load_lock = threading.Lock()  # one load() at a time in this process (the file lock: across)
 # Fields that must match for a cached shim to be loaded, with their names in messages.
 _MUST_MATCH = (("torch_version", "torch version"), ("torch_git", "torch git revision"),
                ("cuda", "torch CUDA version"), ("cxx11_abi", "C++ ABI flag"),
@@ -96,7 +137,7 @@ def source_dir() -> Path:
     pkg = Path(__file__).resolve().parent.parent    # gpumem/
     candidates += [pkg.parent / "csrc", pkg / "_csrc"]
     for c in candidates:
-        if all((c / s).is_file() for s in _SOURCES + _HEADERS):
+        if all((c / s).is_file() for m in MODULES for s in m.sources):
             return c
     raise ShimBuildError(
         "gpumem's torch shim sources (csrc/torch/*.cpp) are not available next to this gpumem "
@@ -114,9 +155,9 @@ def _torch():
     return torch
 
 
-def _sources_sha256(src: Path) -> str:
+def _sources_sha256(src: Path, module: Module) -> str:
     h = hashlib.sha256(f"recipe {_RECIPE}\n".encode())
-    for rel in _SOURCES + _HEADERS:
+    for rel in module.sources:
         h.update(rel.encode() + b"\0")
         h.update((src / rel).read_bytes())
         h.update(b"\0")
@@ -128,8 +169,8 @@ def _core_api_version() -> int:
     return int(_C.CORE_API_VERSION)
 
 
-def expected_info(src: Path | None = None) -> dict[str, Any]:
-    """What a shim for this process must have been built for."""
+def expected_info(src: Path | None = None, module: Module = SHIM) -> dict[str, Any]:
+    """What a shim (or ``module``) for this process must have been built for."""
     torch = _torch()
     src = src or source_dir()
     return {
@@ -139,42 +180,51 @@ def expected_info(src: Path | None = None) -> dict[str, Any]:
         "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
         "python": f"{sys.implementation.cache_tag}-{sysconfig.get_platform()}",
         "core_api": _core_api_version(),
-        "sources_sha256": _sources_sha256(src),
+        "sources_sha256": _sources_sha256(src, module),
     }
 
 
-def cache_dir(info: dict[str, Any] | None = None) -> Path:
-    """The directory the shim for this torch is built into (not created here)."""
+def cache_dir(info: dict[str, Any] | None = None, module: Module = SHIM) -> Path:
+    """The directory the shim (or ``module``) for this torch is built into (not created here)."""
     torch = _torch()
     root = os.environ.get("GPUMEM_CACHE_DIR")
     if not root:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         root = os.path.join(xdg, "gpumem")
     abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
-    name = (f"shim-{torch.__version__}-cu{torch.version.cuda or 'none'}-abi{abi}-"
+    name = (f"{module.prefix}-{torch.__version__}-cu{torch.version.cuda or 'none'}-abi{abi}-"
             f"{sys.implementation.cache_tag}")
     return Path(root) / name.replace(os.sep, "_")
 
 
-def _library(d: Path) -> Path:
-    return d / (MODULE_NAME + ".so")
+def _library(d: Path, module: Module = SHIM) -> Path:
+    return d / (module.name + ".so")
 
 
-def check(d: Path | None = None) -> tuple[bool, str]:
-    """(True, '') if the cached shim matches this process, else (False, why)."""
-    info = expected_info()
-    d = d or cache_dir(info)
-    lib, meta = _library(d), d / _INFO_FILE
+def _info_file(d: Path, module: Module) -> Path:
+    return d / (module.name + ".json")
+
+
+def _noun(module: Module) -> str:
+    return "shim" if module is SHIM else "module " + module.name
+
+
+def check(d: Path | None = None, module: Module = SHIM) -> tuple[bool, str]:
+    """(True, '') if the cached shim (or ``module``) matches this process, else (False, why)."""
+    info = expected_info(module=module)
+    d = d or cache_dir(info, module)
+    lib, meta = _library(d, module), _info_file(d, module)
+    noun = _noun(module)
     if not lib.is_file() or not meta.is_file():
-        return False, f"no shim has been built in {d} yet"
+        return False, f"no {noun} has been built in {d} yet"
     try:
         built = json.loads(meta.read_text())
     except (OSError, ValueError) as e:
-        return False, f"the shim's build record {meta} is unreadable ({e})"
+        return False, f"the {noun}'s build record {meta} is unreadable ({e})"
     diffs = [f"{label}: built for {built.get(key)!r}, running {info[key]!r}"
              for key, label in _MUST_MATCH if built.get(key) != info[key]]
     if diffs:
-        return False, f"the shim in {d} was built for a different setup ({'; '.join(diffs)})"
+        return False, f"the {noun} in {d} was built for a different setup ({'; '.join(diffs)})"
     return True, ""
 
 
@@ -264,7 +314,7 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _compile(d: Path, info: dict[str, Any], verbose: bool):
+def _compile(d: Path, info: dict[str, Any], verbose: bool, module: Module = SHIM):
     torch = _torch()
     _check_tools()
     cpp_extension = _cpp_extension()
@@ -272,19 +322,20 @@ def _compile(d: Path, info: dict[str, Any], verbose: bool):
     lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
     t0 = time.monotonic()
     # Once per torch version: the one line a first install() prints.
-    print(f"gpumem: building its torch shim for torch {torch.__version__} (once per torch "
-          f"version, about 15 s) into {d} (GPUMEM_CACHE_DIR moves the cache)",
-          file=sys.stderr, flush=True)
+    print(f"gpumem: building its {module.what} for torch "
+          f"{torch.__version__} (once per torch version, about {module.seconds} s) into {d} "
+          "(GPUMEM_CACHE_DIR moves the cache)", file=sys.stderr, flush=True)
     # One translation unit that includes every source: torch's headers, most
     # of the work, are compiled once instead of once per file (less than half
     # the CPU time of separate files). -O1: the shim only forwards to the core
     # (gpumem._C, built with -O2), and -O2 cost about 1.5 s more CPU here
     # with no difference in benchmarks/torch_side_by_side.py.
-    unity = d / (MODULE_NAME + "_all.cpp")
-    unity.write_text("".join(f'#include "{src / s}"\n' for s in _SOURCES if s.endswith(".cpp")))
+    unity = d / (module.name + "_all.cpp")
+    unity.write_text("".join(f'#include "{src / s}"\n' for s in module.sources
+                             if s.endswith(".cpp")))
     try:
-        module = cpp_extension.load(
-            name=MODULE_NAME,
+        loaded = cpp_extension.load(
+            name=module.name,
             sources=[str(unity)],
             extra_cflags=["-O1", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
                           # as torch's CUDA builds are compiled: before 2.9,
@@ -293,22 +344,22 @@ def _compile(d: Path, info: dict[str, Any], verbose: bool):
                           # ninja runs the command through sh: quote for it.
                           "-DGM_TORCH_VERSION='\"" + torch.__version__.replace("'", "") + "\"'"],
             extra_include_paths=[_cuda_include()],
-            extra_ldflags=[f"-L{lib_dir}", "-ltorch_cuda", "-lc10_cuda", "-ldl"],
+            extra_ldflags=[f"-L{lib_dir}", *module.ldflags],
             build_directory=str(d),
             with_cuda=False,
             verbose=verbose,
         )
     except (RuntimeError, OSError, ImportError) as e:
-        raise ShimBuildError(_failed_build(d, torch.__version__, str(e))) from e
+        raise ShimBuildError(_failed_build(d, torch.__version__, str(e), module)) from e
     record = dict(info)
     record.update(built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   build_seconds=round(time.monotonic() - t0, 1),
                   compiler=os.environ.get("CXX", "c++"))
-    _write_json(d / _INFO_FILE, record)
-    return module
+    _write_json(_info_file(d, module), record)
+    return loaded
 
 
-def _failed_build(d: Path, version: str, output: str) -> str:
+def _failed_build(d: Path, version: str, output: str, module: Module = SHIM) -> str:
     """Keep a failed build's full output in d/build.log; the one line saying so
     (with the compiler's first error, when there is one)."""
     log = d / "build.log"
@@ -320,7 +371,7 @@ def _failed_build(d: Path, version: str, output: str) -> str:
     first = next((line.strip() for line in output.splitlines() if "error:" in line), "")
     if len(first) > 200:
         first = first[:197] + "..."
-    return (f"building gpumem's torch shim for torch {version} failed"
+    return (f"building gpumem's {module.what} for torch {version} failed"
             + (f" ({first})" if first else "") + f"; {where}")
 
 
@@ -344,107 +395,128 @@ def missing_prerequisite() -> str | None:
     return next((why for _, found, why in prerequisites() if not found), None)
 
 
-def _import(d: Path):
-    mod = sys.modules.get(MODULE_NAME)
+def _build_call(module: Module, force: bool = False) -> str:
+    """The call that builds ``module``, for messages."""
+    args = ([] if module is SHIM else ["module=shim_build.RECORD_FUNCTION"]) + \
+        (["force=True"] if force else [])
+    return f"gpumem.pytorch.shim_build.build({', '.join(args)})"
+
+
+def _import(d: Path, module: Module = SHIM):
+    mod = sys.modules.get(module.name)
     if mod is not None:
         return mod
-    path = str(_library(d))
-    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, path)
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path, loader=loader)
-    module = importlib.util.module_from_spec(spec)
+    path = str(_library(d, module))
+    loader = importlib.machinery.ExtensionFileLoader(module.name, path)
+    spec = importlib.util.spec_from_file_location(module.name, path, loader=loader)
+    mod = importlib.util.module_from_spec(spec)
     try:
-        loader.exec_module(module)
+        loader.exec_module(mod)
     except ImportError as e:
-        raise ShimBuildError(f"gpumem's torch shim {path} did not load: {e}; rebuild it with "
-                             "gpumem.pytorch.shim_build.build(force=True)") from e
-    sys.modules[MODULE_NAME] = module
-    return module
+        raise ShimBuildError(f"gpumem's {module.what} {path} did not load: {e}; rebuild "
+                             f"it with {_build_call(module, force=True)}") from e
+    sys.modules[module.name] = mod
+    return mod
 
 
-def _verify(module) -> None:
+def _verify(mod, module: Module = SHIM) -> None:
     torch = _torch()
-    info = module.build_info()
-    core = _core_api_version()
-    if info["torch_version"] != torch.__version__ or info["core_api_version"] != core:
+    info = mod.build_info()
+    core = _core_api_version() if module.uses_core else None
+    if info["torch_version"] != torch.__version__ or info.get("core_api_version") != core:
         raise ShimBuildError(
-            f"gpumem's torch shim reports torch {info['torch_version']} / core API "
-            f"{info['core_api_version']}, but this process runs torch {torch.__version__} / core "
-            f"API {core}; rebuild it with gpumem.pytorch.shim_build.build(force=True)")
+            f"gpumem's {module.what} reports torch {info['torch_version']} / core API "
+            f"{info.get('core_api_version')}, but this process runs torch {torch.__version__} / "
+            f"core API {core}; rebuild it with {_build_call(module, force=True)}")
 
 
-def build(verbose: bool = False, force: bool = False) -> Path:
-    """Build the shim for the running torch unless an up-to-date one is cached.
+def build(verbose: bool = False, force: bool = False, module: Module = SHIM) -> Path:
+    """Build the shim (or ``module``) for the running torch unless an
+    up-to-date one is cached.
 
     Returns the path of the built library.  force=True rebuilds regardless.
     Raises ShimBuildError with the reason when it cannot be built.
     """
-    info = expected_info()
-    d = cache_dir(info)
+    info = expected_info(module=module)
+    d = cache_dir(info, module)
     with _locked(d):
-        ok, _ = check(d)
+        ok, _ = check(d, module)
         if force or not ok:
             if force:
-                for p in (d / _INFO_FILE, _library(d)):
+                for p in (_info_file(d, module), _library(d, module)):
                     p.unlink(missing_ok=True)
-            module = _compile(d, info, verbose)
-            sys.modules.setdefault(MODULE_NAME, module)
-    return _library(d)
+            mod = _compile(d, info, verbose, module)
+            sys.modules.setdefault(module.name, mod)
+    return _library(d, module)
 
 
-def load(allow_build: bool | None = None, verbose: bool = False):
-    """Import the shim for this process, building it first if needed and allowed.
+def loaded(module: Module = SHIM):
+    """The shim (or ``module``) if this process has imported it, else None."""
+    return sys.modules.get(module.name)
 
-    allow_build defaults to True unless GPUMEM_SHIM_BUILD=0.  A cached shim
+
+def load(allow_build: bool | None = None, verbose: bool = False, module: Module = SHIM):
+    """Import the shim (or ``module``) for this process, building it first if
+    needed and allowed.
+
+    allow_build defaults to True unless GPUMEM_SHIM_BUILD=0.  A cached module
     built for anything else (see check()) is rebuilt, or refused when
     building is not allowed.
     """
-    mod = sys.modules.get(MODULE_NAME)
+    mod = sys.modules.get(module.name)
     if mod is not None:
         return mod
     if allow_build is None:
         allow_build = os.environ.get("GPUMEM_SHIM_BUILD", "1").strip() not in ("0", "false", "no")
-    info = expected_info()
-    d = cache_dir(info)
-    ok, why = check(d)
-    if not ok:
-        if not allow_build:
-            raise ShimBuildError(f"{why}; gpumem will not load it. Build it with "
-                                 "gpumem.pytorch.shim_build.build() (GPUMEM_SHIM_BUILD=0 is "
-                                 "set, so install() does not build it by itself)")
-        build(verbose=verbose)
-    module = _import(d)
-    _verify(module)
-    return module
+    with _load_lock:
+        info = expected_info(module=module)
+        d = cache_dir(info, module)
+        ok, why = check(d, module)
+        if not ok:
+            if not allow_build:
+                who = "install()" if module is SHIM else "recording memory history"
+                raise ShimBuildError(f"{why}; gpumem will not load it. Build it with "
+                                     f"{_build_call(module)} or gpumem build-shim "
+                                     f"(GPUMEM_SHIM_BUILD=0 is set, so {who} does not build it "
+                                     "by itself)")
+            build(verbose=verbose, module=module)
+        mod = _import(d, module)
+        _verify(mod, module)
+    return mod
 
 
 def _add_cli_args(p) -> None:
     p.add_argument("--force", action="store_true",
-                   help="rebuild even if the cached shim is current")
+                   help="rebuild even if the cached modules are current")
     p.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output")
     p.add_argument("--check", action="store_true",
-                   help="only report whether the cached shim matches this torch (exit 1 if not)")
+                   help="only report whether the cached modules match this torch (exit 1 if not)")
 
 
 def _run_cli(args) -> int:
-    """`python -m gpumem build-shim`: one line of output, one line per error."""
+    """`python -m gpumem build-shim`: one line of output per module (the
+    shim's first), one line per error."""
     try:
         if args.check:
-            ok, why = check()
-            state = "up to date" if ok else "not usable: " + why
-            print(f"gpumem: shim in {cache_dir()} is {state}")
-            return 0 if ok else 1
-        t0 = time.monotonic()
-        path = build(verbose=args.verbose, force=args.force)
+            results = [check(module=m) for m in MODULES]
+            for m, (ok, why) in zip(MODULES, results):
+                state = "up to date" if ok else "not usable: " + why
+                print(f"gpumem: {_noun(m)} in {cache_dir(module=m)} is {state}")
+            return 0 if all(ok for ok, _ in results) else 1
+        for m in MODULES:
+            t0 = time.monotonic()
+            path = build(verbose=args.verbose, force=args.force, module=m)
+            print(f"{path} ({time.monotonic() - t0:.1f} s; its {m.what}: {m.purpose})")
     except ShimBuildError as e:
         print(f"gpumem: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    print(f"{path} ({time.monotonic() - t0:.1f} s)")
     return 0
 
 
 #: (help, add_arguments, run) for gpumem.cli.COMMANDS["build-shim"].
-CLI_COMMAND = ("build gpumem's torch shim for the installed torch into its cache (reused while "
-               "torch and the sources are unchanged)", _add_cli_args, _run_cli)
+CLI_COMMAND = ("build gpumem's torch shim and its record_function module (memory history's "
+               "annotations) for the installed torch into its cache (reused while torch and the "
+               "sources are unchanged)", _add_cli_args, _run_cli)
 
 
 # python -m gpumem.pytorch.shim_build [-v] [--force] [--check] [--prerequisites]

@@ -26,6 +26,7 @@ from typing import Any
 
 from gpumem import _C, _sampling
 from gpumem.pytorch import release as _release
+from gpumem.pytorch import shim_build as _shim_build
 from gpumem.pytorch import shim_state as _shim_state
 from gpumem.categories import tagger as _categories
 from gpumem._atomic import write_atomic
@@ -156,6 +157,7 @@ def record_memory_history(
         smp = _sampling.resolve(sample) if e != 0 else None
     except _sampling.SampleError as err:
         raise HistoryConfigError(str(err)) from None
+    _record_function(e != 0)  # before anything changes: it may fail to build
     if categories and e != 0:
         _categories.enable(clear=bool(clear_history))
     else:
@@ -170,20 +172,33 @@ def record_memory_history(
         _follow_compile_contexts(False)
 
 
+def _record_function(needed: bool) -> Any:
+    """Under torch, the record_function module (gm_torch_rf_module.cpp): when
+    ``needed``, loaded (built first, once per torch, unless
+    GPUMEM_SHIM_BUILD=0, which raises ShimBuildError instead); else the one
+    already loaded, or None."""
+    shim = _shim_state.loaded()
+    if shim is None or not shim.exists():
+        return None
+    if needed:
+        return _shim_build.load(module=_shim_build.RECORD_FUNCTION)
+    return _shim_build.loaded(_shim_build.RECORD_FUNCTION)
+
+
 def _follow_annotations(enabled: bool, global_: bool) -> None:
     """Under torch, record record_function ranges while recording, as torch
-    does (external_annotations; Note [Annotations] in the torch shim)."""
-    shim = _shim_state.loaded()
-    if shim is not None and shim.exists():
-        shim.set_annotations(enabled, bool(global_))
+    does (external_annotations; Note [Annotations] in gm_torch_record_function.cpp)."""
+    rf = _record_function(enabled)
+    if rf is not None:
+        rf.set_annotations(enabled, bool(global_))
 
 
 def _follow_compile_contexts(enabled: bool) -> None:
     """Under torch, name torch.compile regions on trace entries, as torch
-    does with compile_context=True (Note [Compile contexts] in the shim)."""
-    shim = _shim_state.loaded()
-    if shim is not None and shim.exists():
-        shim.set_compile_contexts(bool(enabled))
+    does with compile_context=True (Note [Compile contexts], the same file)."""
+    rf = _record_function(enabled)
+    if rf is not None:
+        rf.set_compile_contexts(bool(enabled))
 
 
 def _record_memory_history(*args: Any, **kwargs: Any) -> None:
@@ -270,6 +285,7 @@ def _record_memory_history_legacy(
     else:
         context = 0
     n = _max_entries(trace_alloc_max_entries)
+    _record_function(True)  # before anything changes: it may fail to build
     _C._hist_configure(2, context, bool(record_context_cpp), n, bool(clear_history), 0)
     _follow_annotations(True, False)
 
@@ -311,8 +327,8 @@ def _allocator_settings(settings: dict | None) -> dict:
 
 
 def _annotations() -> list:
-    shim = _shim_state.loaded()
-    return shim.annotations() if shim is not None and shim.exists() else []
+    rf = _record_function(False)
+    return rf.annotations() if rf is not None else []
 
 
 def _take(clamp: bool, augment_with_fx_traces: bool) -> dict:
