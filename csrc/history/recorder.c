@@ -39,6 +39,10 @@ typedef struct reg {
     gm_trace_fn chain_fn; /* immutable while registered */
     void *chain_arg;
     struct slot *slot;
+    /* 1 from a free_requested recorded with its completion (Note [Folded
+     * frees] in ring.c) to that completion's hook call, which records
+     * nothing. protected by: alloc's lock (both calls are under one hold) */
+    int completion_recorded;
     struct reg *below; /* registered before this one on the device (protected by: registry lock) */
 } reg_t;
 
@@ -102,9 +106,10 @@ void gm_hist_set_thread_compile_context(uint32_t id) {
 
 /* --------------------------------------------------------------- hook */
 
-/* Record one event on slot s; takes its ring lock. */
+/* Record one event on slot s; takes its ring lock. `at_once`: a
+ * free_requested recorded together with its completion. */
 static void push_event(slot_t *s, gm_action_t action, uint64_t addr, uint64_t size,
-                       uint64_t stream, uint32_t ctx) {
+                       uint64_t stream, uint32_t ctx, int at_once) {
     gm_hist_event_t e;
     e.addr = addr;
     e.size = size;
@@ -121,8 +126,10 @@ static void push_event(slot_t *s, gm_action_t action, uint64_t addr, uint64_t si
     e.action = (uint8_t)action;
     memset(e.folded, 0, sizeof e.folded);
     pthread_mutex_lock(&s->ring_lock);
-    if (action == GM_ACT_FREE_COMPLETED)
-        gm_ring_push_completed(&s->ring, &e); /* Note [Folded frees] in ring.c */
+    if (at_once)
+        gm_ring_push_freed_at_once(&s->ring, &e); /* Note [Folded frees] in ring.c */
+    else if (action == GM_ACT_FREE_COMPLETED)
+        gm_ring_push_completed(&s->ring, &e);
     else
         gm_ring_push(&s->ring, &e);
     pthread_mutex_unlock(&s->ring_lock);
@@ -132,9 +139,20 @@ static void push_event(slot_t *s, gm_action_t action, uint64_t addr, uint64_t si
 static void hist_hook(void *arg, int device, gm_action_t action, uintptr_t addr, size_t size,
                       uintptr_t stream, uint32_t ctx) {
     reg_t *r = arg;
-    if (atomic_load_explicit(&cfg_enabled, memory_order_relaxed) &&
-        !(atomic_load_explicit(&cfg_skip_mask, memory_order_relaxed) & (1u << action)))
-        push_event(r->slot, action, addr, size, stream, ctx);
+    if (action == GM_ACT_FREE_COMPLETED && r->completion_recorded)
+        r->completion_recorded = 0; /* recorded with its request */
+    else if (atomic_load_explicit(&cfg_enabled, memory_order_relaxed)) {
+        unsigned skip = atomic_load_explicit(&cfg_skip_mask, memory_order_relaxed);
+        if (!(skip & (1u << action))) {
+            /* A free returned at once: its completion goes in the same
+             * slot now (Note [Folded frees] in ring.c). */
+            int at_once = action == GM_ACT_FREE_REQUESTED &&
+                          !(skip & (1u << GM_ACT_FREE_COMPLETED)) &&
+                          gm_alloc_free_completes_at_once(r->alloc);
+            push_event(r->slot, action, addr, size, stream, ctx, at_once);
+            r->completion_recorded = at_once;
+        }
+    }
     if (r->chain_fn)
         r->chain_fn(r->chain_arg, device, action, addr, size, stream, ctx);
 }
@@ -444,7 +462,7 @@ int gm_hist_copy(gm_hist_copy_t *out) {
     if (rc == GM_OK && on)
         for (int d = 0; d < GM_HIST_MAX_DEVICES; d++)
             if (recorded[d] && !(atomic_load(&cfg_skip_mask) & (1u << GM_ACT_SNAPSHOT)))
-                push_event(&slots[d], GM_ACT_SNAPSHOT, 0, active[d], 0, 0);
+                push_event(&slots[d], GM_ACT_SNAPSHOT, 0, active[d], 0, 0, 0);
     pthread_mutex_unlock(&registry_lock);
     if (rc) {
         gm_hist_copy_free(out);
