@@ -41,10 +41,11 @@ categories (gpumem's process only): categories_overhead_us_per_alloc, the
     run (a few per step: forward start, backward entry and exit, optimizer
     step), and that difference per allocation of the step
     (categories_us_per_alloc_in_training); steps are timed in CPU time of
-    the process in blocks of 2 steps, each mode in --train-blocks (150)
-    pairs of blocks against the mode it is compared with (off for 'all'
-    and sampled, 'all' for categories), the two in ABBA order, and the
-    added time per step is the median of the pairs' differences.
+    the process in blocks of 2 steps (each after one untimed step), each
+    mode in --train-blocks (150) pairs of blocks against the mode it is
+    compared with (off for 'all' and sampled, 'all' for categories), the
+    two in ABBA order, and the added time per step is the median of the
+    pairs' differences.
 sampled (gpumem's sampled mode, sample=True: stacks for every allocation
     of 1 MiB or more, sampled by bytes below, mean interval 512 KiB):
     overhead_us_per_alloc on the pairs above (half of their sizes are at
@@ -193,7 +194,9 @@ def train(n):
 # TRAIN_BLOCKS pairs of short blocks (TRAIN_STEPS steps) against the mode
 # it is compared with, the two alternating in ABBA order; the figure is
 # the median of the pairs' differences (and each mode's step time the
-# median of its blocks).
+# median of its blocks). Each block follows one untimed step in its mode:
+# starting to record allocates the ring's first chunk, which an always-on
+# recorder does once.
 TRAIN_BLOCKS, TRAIN_STEPS = int(sys.argv[8]), 2
 COMPARED = [("off", "all")]
 if which == "gpumem":
@@ -210,6 +213,7 @@ for r in range(TRAIN_BLOCKS + 1):
         t = {}
         for c in ((base, m) if r % 2 else (m, base)):
             record(False if c == "off" else c)
+            train(1)                   # untimed: the ring's first chunk, the sampler's seed
             t[c] = train(TRAIN_STEPS)
         if r:                          # round 0 warms up
             step_runs[base].append(t[base])
