@@ -14,9 +14,12 @@ record_overhead_us_per_alloc: the extra time of one allocation (a
     cached) with recording on over the same pair with recording off. The
     loop runs at the bottom of a --depth deep Python recursion, so every
     captured stack has depth + 3 frames (33); with context='all' both the
-    allocation and the free capture one. Off and on runs alternate; each
-    figure is the median over --repeats runs (after one warm-up round),
-    and the overhead is the difference of the medians.
+    allocation and the free capture one. In each of --repeats rounds
+    (after one warm-up round) every mode runs in 4 parts, each next to an
+    equal part with recording off (ABBA order), and the round's overhead
+    is the median of the 4 differences; the figure is the median over the
+    rounds, so a process that runs slow throughout is slow on both sides
+    of each difference. off_us / on_us: medians of the rounds' means.
     Breakdown, measured in the same rounds: overhead_events_only_us
     (context=None: the three trace entries of a pair, no stack) and
     overhead_alloc_stack_us (context='state': plus the allocation's stack).
@@ -38,14 +41,19 @@ categories (gpumem's process only): categories_overhead_us_per_alloc, the
     run (a few per step: forward start, backward entry and exit, optimizer
     step), and that difference per allocation of the step
     (categories_us_per_alloc_in_training); steps are timed in CPU time of
-    the process, in alternating blocks of 10, 2 x --repeats per mode.
+    the process in blocks of 2 steps (each after one untimed step), each
+    mode in --train-blocks (150) pairs of blocks against the mode it is
+    compared with (off for 'all' and sampled, 'all' for categories), the
+    two in ABBA order, and the added time per step is the median of the
+    pairs' differences.
 sampled (gpumem's sampled mode, sample=True: stacks for every allocation
     of 1 MiB or more, sampled by bytes below, mean interval 512 KiB):
     overhead_us_per_alloc on the pairs above (half of their sizes are at
     or above the threshold, so half are captured), its ratio to torch's
     record_overhead_us_per_alloc (target <= 0.10) and to gpumem's full
     mode; train_us_per_alloc: the Transformer step's time with recording
-    over the step with recording off, per allocation of the step, in both
+    over the step with recording off (the median difference of paired
+    blocks, as for categories), per allocation of the step, in both
     processes (torch and gpumem context='all', gpumem sampled).
 snapshot_dump_s / snapshot_bytes: torch.cuda.memory._dump_snapshot() of a
     history holding --events trace entries (max_entries=--events, filled
@@ -97,12 +105,12 @@ def at_depth(n, fn):
 SIZES = [512, 4 << 10, 64 << 10, 1 << 20, 3 << 20, 16 << 20]
 seq = [SIZES[i % len(SIZES)] for i in range(iters)]
 
-def pairs():
+def pairs(part=seq):
     t0 = pair_clock()
-    for n in seq:
+    for n in part:
         t = torch.empty(n, dtype=torch.uint8, device="cuda")
         del t
-    return (pair_clock() - t0) / iters * 1e6
+    return (pair_clock() - t0) / len(part) * 1e6
 
 def record(context, max_entries=events):
     """context: False (recording off), or torch's context= value; "categories":
@@ -123,23 +131,39 @@ for n in SIZES:                        # every size cached once
     t = torch.empty(n, dtype=torch.uint8, device="cuda")
     del t
 torch.cuda.synchronize()
-# Off and the three levels alternate; round 0 warms every mode up.
 # None records the events only; 'state' adds the allocation's stack; 'all'
-# (the figure) also captures the stack of every free.
+# (the figure) also captures the stack of every free. Each mode is timed
+# against recording off next to it: in every round, each mode's pairs
+# run in CHUNKS parts, each right after (or, every other part, right
+# before) an equal part with recording off, and the round's overhead is
+# the median of the parts' differences. A process that runs slow (a busy
+# sibling core, the other process's cache) is slow in both halves of a
+# difference; the figure is the median over rounds (round 0 warms up).
 MODES = {"off": False, "events_only": None, "alloc_stack": "state", "all": "all"}
 if which == "gpumem":
     MODES["categories"] = "categories"
     MODES["sampled"] = "sampled"
-runs = {m: [] for m in MODES}
+CHUNKS = 4
+parts = [seq[i * iters // CHUNKS:(i + 1) * iters // CHUNKS] for i in range(CHUNKS)]
+runs = {m: [] for m in MODES}      # us per pair, one per round
+diffs = {m: [] for m in MODES}     # overhead over off, one per round
 for r in range(repeats + 1):
     for m, context in MODES.items():
-        record(context)
-        v = at_depth(depth, pairs)
+        if m == "off":
+            continue
+        t_off, t_on = [], []
+        for k, part in enumerate(parts):
+            for c in ((False, context) if k % 2 == 0 else (context, False)):
+                record(c)
+                (t_on if c is context else t_off).append(at_depth(depth, functools.partial(pairs, part)))
         if r:
-            runs[m].append(v)
+            runs["off"].append(statistics.mean(t_off))
+            runs[m].append(statistics.mean(t_on))
+            diffs[m].append(statistics.median(b - a for a, b in zip(t_off, t_on)))
 record(False)
 off, on = runs["off"], runs["all"]
-breakdown = {m: statistics.median(runs[m]) - statistics.median(off)
+overhead = {m: statistics.median(v) for m, v in diffs.items() if v}
+breakdown = {m: overhead[m]
              for m in ("events_only", "alloc_stack") + (("sampled",) if which == "gpumem" else ())}
 
 # --- a small Transformer (2 layers, d_model 64) + AdamW training step, in
@@ -157,6 +181,7 @@ def train(n):
     # CPU time of this process (all its threads: autograd's too), which
     # other processes on a shared machine disturb less than wall time;
     # on the simulated GPU a step is all CPU work
+    torch.cuda.synchronize()
     t0 = time.process_time()
     for _ in range(n):
         model(x).float().pow(2).mean().backward()
@@ -164,41 +189,60 @@ def train(n):
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     return (time.process_time() - t0) / n * 1e6
-step_runs = {"off": [], "all": []}
+# A step costs milliseconds and a mode adds tenths of a microsecond per
+# allocation (a few hundredths of the step), so each mode is timed in
+# TRAIN_BLOCKS pairs of short blocks (TRAIN_STEPS steps) against the mode
+# it is compared with, the two alternating in ABBA order; the figure is
+# the median of the pairs' differences (and each mode's step time the
+# median of its blocks). Each block follows one untimed step in its mode:
+# starting to record allocates the ring's first chunk, which an always-on
+# recorder does once.
+TRAIN_BLOCKS, TRAIN_STEPS = int(sys.argv[8]), 2
+COMPARED = [("off", "all")]
 if which == "gpumem":
-    step_runs.update(categories=[], sampled=[])
+    COMPARED += [("off", "sampled"), ("all", "categories")]
+step_runs = {m: [] for pair in COMPARED for m in pair}
+step_diffs = {pair: [] for pair in COMPARED}
 record("all")
 train(3)
 n0 = torch.cuda.memory_stats()["allocation.all.allocated"]
 train(1)
 allocs_per_step = torch.cuda.memory_stats()["allocation.all.allocated"] - n0
-for r in range(2 * repeats + 1):    # short blocks, alternating
-    for m in step_runs:
-        record(False if m == "off" else m)
-        v = train(10)
-        if r:
-            step_runs[m].append(v)
+for r in range(TRAIN_BLOCKS + 1):
+    for base, m in COMPARED:
+        t = {}
+        for c in ((base, m) if r % 2 else (m, base)):
+            record(False if c == "off" else c)
+            train(1)                   # untimed: the ring's first chunk, the sampler's seed
+            t[c] = train(TRAIN_STEPS)
+        if r:                          # round 0 warms up
+            step_runs[base].append(t[base])
+            step_runs[m].append(t[m])
+            step_diffs[(base, m)].append(t[m] - t[base])
 record(False)
 # The model, its optimizer state and its cached blocks go before the
 # dump below, so both processes dump the same history and segments.
 del model, opt, x
 torch.cuda.empty_cache()
 med = {m: statistics.median(v) for m, v in step_runs.items()}
+added = {m: statistics.median(v) for (_, m), v in step_diffs.items()}
 training = {"train_allocs_per_step": allocs_per_step, "train_step_us_off": med["off"],
             "train_step_us_recording": med["all"],
-            "train_us_per_alloc_all": (med["all"] - med["off"]) / allocs_per_step}
+            "train_us_per_alloc_all": added["all"] / allocs_per_step,
+            "train_blocks": TRAIN_BLOCKS, "train_steps_per_block": TRAIN_STEPS}
 categories = {}
 if which == "gpumem":
     training.update(train_step_us_sampled=med["sampled"],
-                    train_us_per_alloc_sampled=(med["sampled"] - med["off"]) / allocs_per_step)
+                    train_us_per_alloc_sampled=added["sampled"] / allocs_per_step)
     categories = {
         "categories_overhead_us_per_alloc":
-            statistics.median(runs["categories"]) - statistics.median(on),
-        "categories_pair_ratio": statistics.median(runs["categories"]) / statistics.median(on),
+            overhead["categories"] - overhead["all"],
+        "categories_pair_ratio": (statistics.median(off) + overhead["categories"])
+                                 / (statistics.median(off) + overhead["all"]),
         "train_step_us_recording": med["all"], "train_step_us_categories": med["categories"],
-        "train_step_ratio": med["categories"] / med["all"],
+        "train_step_ratio": (med["all"] + added["categories"]) / med["all"],
         "train_allocs_per_step": allocs_per_step,
-        "categories_us_per_alloc_in_training": (med["categories"] - med["all"]) / allocs_per_step,
+        "categories_us_per_alloc_in_training": added["categories"] / allocs_per_step,
     }
 
 # --- one stack capture on its own, called from Python (GIL held, no
@@ -294,12 +338,13 @@ os.rmdir(d)
 record(False)
 print(json.dumps({
     "off_us": statistics.median(off), "on_us": statistics.median(on),
-    "record_overhead_us_per_alloc": statistics.median(on) - statistics.median(off),
+    "record_overhead_us_per_alloc": overhead["all"], "overhead_runs_us": diffs["all"],
     "off_runs_us": off, "on_runs_us": on,
     "overhead_events_only_us": breakdown["events_only"],
     "overhead_alloc_stack_us": breakdown["alloc_stack"],
     **({"sampled_overhead_us_per_alloc": breakdown["sampled"],
-        "sampled_runs_us": runs["sampled"]} if which == "gpumem" else {}),
+        "sampled_runs_us": runs["sampled"], "sampled_overhead_runs_us": diffs["sampled"]}
+       if which == "gpumem" else {}),
     "capture_us_at_depth": capd, "capture_us_at_depth0": cap0,
     "capture_ns_per_frame": (capd - cap0) / depth * 1e3 if depth else None,
     "gil_round_trip_us": gil,
@@ -328,7 +373,7 @@ def run_one(which: str, args) -> dict:
     rc, out, err = sim.run_snippet(
         textwrap.dedent(SNIPPET),
         args=[which, str(args.depth), str(args.iters), str(args.events), str(args.repeats),
-              str(ROOT / "tests"), args.clock],
+              str(ROOT / "tests"), args.clock, str(args.train_blocks)],
         timeout=900)
     if rc != 0:
         raise SystemExit(f"{which} run failed (exit {rc}):\n{err[-4000:]}")
@@ -346,6 +391,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
                     help="time the pairs in wall-clock time (default) or in the thread's CPU "
                          "time (for a loaded machine)")
+    ap.add_argument("--train-blocks", type=int, default=150,
+                    help="pairs of 2-step blocks per compared mode in the training step")
     args = ap.parse_args(argv)
     # Build the shim, the fake libraries and the test-only extension before
     # anything is timed.

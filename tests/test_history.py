@@ -413,6 +413,39 @@ def test_skip_actions():
     assert actions == {"segment_alloc", "alloc", "free_completed"}
 
 
+def test_skipping_free_completed_keeps_each_request_alone():
+    """A free returned at once is recorded with its completion in one slot
+    (Note [Folded frees]); with free_completed skipped the request is
+    recorded alone, and the next events are not taken for completions."""
+    a = _C.Allocator()
+    history.record_memory_history(skip_actions=["free_completed"])
+    _ops(a, 3)
+    history.record_memory_history(skip_actions=[])
+    _ops(a, 1)
+    got = [e["action"] for e in trace(history.snapshot())]
+    assert got == ["segment_alloc"] + ["alloc", "free_requested"] * 3 + [
+        "alloc", "free_requested", "free_completed"]
+
+
+def test_a_free_completed_at_once_has_its_requests_time():
+    """The completion of a free returned at once is stamped with its
+    request's time (one clock read for both, Note [Folded frees]); the
+    events around them keep their own, in order."""
+    import time
+    a = _C.Allocator()
+    history.record_memory_history(context=None)
+    for _ in range(3):
+        p = a.malloc(4096)
+        time.sleep(0.002)
+        a.free(p)
+        time.sleep(0.002)
+    ev = [e for e in trace(history.snapshot()) if e["action"] != "segment_alloc"]
+    assert [e["action"] for e in ev] == ["alloc", "free_requested", "free_completed"] * 3
+    for i in range(0, 9, 3):
+        assert ev[i + 2]["time_us"] == ev[i + 1]["time_us"]
+        assert ev[i + 1]["time_us"] >= ev[i]["time_us"] + 1000
+
+
 # ------------------------------------------------------------ validation
 
 @pytest.mark.parametrize("kwargs, text", [

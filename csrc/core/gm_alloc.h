@@ -242,6 +242,12 @@ void gm_alloc_reset_peak_stats(gm_alloc_t *a);
 void gm_alloc_reset_accumulated_stats(gm_alloc_t *a);
 
 void gm_alloc_set_trace_hook(gm_alloc_t *a, gm_trace_fn fn, void *arg);
+/* For a hook, during its call for a GM_ACT_FREE_REQUESTED: 1 when the
+ * block is returned at once (no stream still uses it), so that the hook's
+ * next call, under the same lock hold and with nothing between, is the
+ * GM_ACT_FREE_COMPLETED of the same block, stream and context; else 0.
+ * Meaningless in any other call. */
+int gm_alloc_free_completes_at_once(const gm_alloc_t *a);
 
 /* ---- walking state (for snapshots) ---- */
 enum { GM_BLOCK_INACTIVE = 0, GM_BLOCK_ACTIVE_ALLOCATED = 1, GM_BLOCK_ACTIVE_PENDING_FREE = 2 };

@@ -290,8 +290,10 @@ __attribute__((always_inline)) static inline int free_block(gm_alloc_t *a, gm_bl
                                                             uint32_t ctx) {
     b->allocated = 0;
     gm_stats_block_free_requested(a, b);
-    gm_trace_pool_unlocked(a, b->pool, GM_ACT_FREE_REQUESTED, b->ptr, b->requested_size, b->stream,
-                      ctx ? ctx : b->ctx);
+    /* Free now unless a stream still uses it: then the completion follows
+     * with nothing between (gm_pool_return_unlocked's first act). */
+    gm_trace_free_requested_unlocked(a, b->pool, b->ptr, b->requested_size, b->stream,
+                                     ctx ? ctx : b->ctx, gm_block_is_free(b));
     int rc = GM_OK;
     if (b->n_uses) /* no event is recorded while a pool is allocating */
         rc = a->n_allocating ? gm_events_defer_unlocked(a, b) : gm_events_insert_unlocked(a, b);

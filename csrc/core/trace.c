@@ -13,6 +13,8 @@ const char *gm_action_name(int action) {
     return action_names[action];
 }
 
+int gm_alloc_free_completes_at_once(const gm_alloc_t *a) { return a->trace_free_at_once; }
+
 void gm_alloc_set_trace_hook(gm_alloc_t *a, gm_trace_fn fn, void *arg) {
     gm_lock(a);
     a->trace_fn = fn;

@@ -24,4 +24,16 @@ static inline void gm_trace_pool_unlocked(gm_alloc_t *a, const gm_pool_t *pool, 
         a->trace_fn(a->trace_arg, a->device, act, addr, size, stream, ctx);
 }
 
+/* The free_requested of live block b, whose requested size, stream and
+ * context it reports; `at_once`: its free_completed follows in the same
+ * call (gm_alloc_free_completes_at_once). No write while no hook is. */
+static inline void gm_trace_free_requested_unlocked(gm_alloc_t *a, const gm_pool_t *pool,
+                                                    uintptr_t addr, size_t size, uintptr_t stream,
+                                                    uint32_t ctx, int at_once) {
+    if (a->trace_fn && !pool->uncounted) {
+        a->trace_free_at_once = at_once;
+        a->trace_fn(a->trace_arg, a->device, GM_ACT_FREE_REQUESTED, addr, size, stream, ctx);
+    }
+}
+
 #endif /* GM_CORE_TRACE_H */

@@ -153,6 +153,10 @@ struct gm_alloc {
 
     gm_trace_fn trace_fn;
     void *trace_arg;
+    /* 1 while the hook is called for a free_requested whose free_completed
+     * follows in the same call (gm_alloc_free_completes_at_once); written
+     * only while a hook is installed. protected by: allocator lock */
+    int trace_free_at_once;
 
     /* Last, so that the fields of the fast path keep their places. */
     gm_private_pool_t *private_pools; /* list, newest first (privpool.c) */

@@ -20,10 +20,17 @@
  *   (per device) guards one ring and is taken last, by the hook and by
  *   readers. Capture never takes any of these (it runs before the allocator
  *   lock) and the intern lock is a leaf.
+ *   The ring lock is a spin lock (an exchange to take it, a release store
+ *   to drop it): the hook takes it for every event, always uncontended
+ *   except against a reader, and a pthread mutex's unlock is a second
+ *   atomic read-modify-write; a waiter yields the CPU between tries.
  * Limitations: a snapshot blocks allocations on a device while it copies
- *   that device's ring (a memcpy of at most max_entries events).
+ *   that device's ring (a memcpy of at most max_entries events); an
+ *   allocation that waits for a reader (a copy or a new bound's rebuild
+ *   without its allocator lock) spins, yielding, instead of sleeping.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +46,10 @@ typedef struct reg {
     gm_trace_fn chain_fn; /* immutable while registered */
     void *chain_arg;
     struct slot *slot;
+    /* 1 from a free_requested recorded with its completion (Note [Folded
+     * frees] in ring.c) to that completion's hook call, which records
+     * nothing. protected by: alloc's lock (both calls are under one hold) */
+    int completion_recorded;
     struct reg *below; /* registered before this one on the device (protected by: registry lock) */
 } reg_t;
 
@@ -46,10 +57,19 @@ typedef struct reg {
  * top one (owner) is recorded; when it is detached the one below it is
  * recorded again, from an empty ring. */
 typedef struct slot {
-    pthread_mutex_t ring_lock;
+    atomic_int ring_lock; /* ring_lock_take / ring_lock_drop */
     gm_ring_t ring; /* protected by: ring_lock */
     reg_t *owner;   /* protected by: registry lock (NULL: no allocator) */
 } slot_t;
+
+/* Note [History locks]: the ring lock. */
+static void ring_lock_take(atomic_int *l) {
+    while (atomic_exchange_explicit(l, 1, memory_order_acquire))
+        while (atomic_load_explicit(l, memory_order_relaxed))
+            sched_yield();
+}
+
+static void ring_lock_drop(atomic_int *l) { atomic_store_explicit(l, 0, memory_order_release); }
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t slots_once = PTHREAD_ONCE_INIT;
@@ -75,7 +95,7 @@ static atomic_int thread_tags_used;
 static void init_slots(void) {
     gm_clock_anchor(); /* before any event can be stamped */
     for (int d = 0; d < GM_HIST_MAX_DEVICES; d++) {
-        pthread_mutex_init(&slots[d].ring_lock, NULL);
+        atomic_init(&slots[d].ring_lock, 0);
         gm_ring_init(&slots[d].ring, 1);
     }
 }
@@ -102,9 +122,10 @@ void gm_hist_set_thread_compile_context(uint32_t id) {
 
 /* --------------------------------------------------------------- hook */
 
-/* Record one event on slot s; takes its ring lock. */
+/* Record one event on slot s; takes its ring lock. `at_once`: a
+ * free_requested recorded together with its completion. */
 static void push_event(slot_t *s, gm_action_t action, uint64_t addr, uint64_t size,
-                       uint64_t stream, uint32_t ctx) {
+                       uint64_t stream, uint32_t ctx, int at_once) {
     gm_hist_event_t e;
     e.addr = addr;
     e.size = size;
@@ -120,21 +141,34 @@ static void push_event(slot_t *s, gm_action_t action, uint64_t addr, uint64_t si
     }
     e.action = (uint8_t)action;
     memset(e.folded, 0, sizeof e.folded);
-    pthread_mutex_lock(&s->ring_lock);
-    if (action == GM_ACT_FREE_COMPLETED)
-        gm_ring_push_completed(&s->ring, &e); /* Note [Folded frees] in ring.c */
+    ring_lock_take(&s->ring_lock);
+    if (at_once)
+        gm_ring_push_freed_at_once(&s->ring, &e); /* Note [Folded frees] in ring.c */
+    else if (action == GM_ACT_FREE_COMPLETED)
+        gm_ring_push_completed(&s->ring, &e);
     else
         gm_ring_push(&s->ring, &e);
-    pthread_mutex_unlock(&s->ring_lock);
+    ring_lock_drop(&s->ring_lock);
 }
 
 /* The core's trace hook while recording; runs under the allocator lock. */
 static void hist_hook(void *arg, int device, gm_action_t action, uintptr_t addr, size_t size,
                       uintptr_t stream, uint32_t ctx) {
     reg_t *r = arg;
-    if (atomic_load_explicit(&cfg_enabled, memory_order_relaxed) &&
-        !(atomic_load_explicit(&cfg_skip_mask, memory_order_relaxed) & (1u << action)))
-        push_event(r->slot, action, addr, size, stream, ctx);
+    if (action == GM_ACT_FREE_COMPLETED && r->completion_recorded)
+        r->completion_recorded = 0; /* recorded with its request */
+    else if (atomic_load_explicit(&cfg_enabled, memory_order_relaxed)) {
+        unsigned skip = atomic_load_explicit(&cfg_skip_mask, memory_order_relaxed);
+        if (!(skip & (1u << action))) {
+            /* A free returned at once: its completion goes in the same
+             * slot now (Note [Folded frees] in ring.c). */
+            int at_once = action == GM_ACT_FREE_REQUESTED &&
+                          !(skip & (1u << GM_ACT_FREE_COMPLETED)) &&
+                          gm_alloc_free_completes_at_once(r->alloc);
+            push_event(r->slot, action, addr, size, stream, ctx, at_once);
+            r->completion_recorded = at_once;
+        }
+    }
     if (r->chain_fn)
         r->chain_fn(r->chain_arg, device, action, addr, size, stream, ctx);
 }
@@ -148,9 +182,9 @@ static void install_hook_unlocked(reg_t *r, int recording) {
 }
 
 static void clear_ring(slot_t *s) {
-    pthread_mutex_lock(&s->ring_lock);
+    ring_lock_take(&s->ring_lock);
     gm_ring_clear(&s->ring);
-    pthread_mutex_unlock(&s->ring_lock);
+    ring_lock_drop(&s->ring_lock);
 }
 
 /* ------------------------------------------------------ configuration */
@@ -184,12 +218,12 @@ int gm_hist_configure(const gm_hist_config_t *cfg) {
     } else {
         for (int d = 0; d < GM_HIST_MAX_DEVICES; d++) {
             slot_t *s = &slots[d];
-            pthread_mutex_lock(&s->ring_lock);
+            ring_lock_take(&s->ring_lock);
             if (cfg->clear_history)
                 gm_ring_clear(&s->ring);
             if (gm_ring_set_max(&s->ring, ring_max))
                 rc = GM_ENOMEM; /* keeps the old bound */
-            pthread_mutex_unlock(&s->ring_lock);
+            ring_lock_drop(&s->ring_lock);
         }
         atomic_store(&cfg_skip_mask, cfg->skip_mask);
         atomic_store(&cfg_stacks_all, cfg->stacks_all ? 1 : 0);
@@ -334,9 +368,9 @@ static int walk_cb(void *arg, const gm_segment_info_t *seg) {
     gm_hist_copy_t *o = w->out;
     if (!w->ring_copied) {
         /* Same allocator lock as the walk: trace and segments agree. */
-        pthread_mutex_lock(&w->slot->ring_lock);
+        ring_lock_take(&w->slot->ring_lock);
         int rc = copy_ring_unlocked(w);
-        pthread_mutex_unlock(&w->slot->ring_lock);
+        ring_lock_drop(&w->slot->ring_lock);
         if (rc)
             return rc;
     }
@@ -376,9 +410,9 @@ static int copy_device_unlocked(walk_ctx_t *w, gm_alloc_t *a) {
     gm_hist_copy_t *o = w->out;
     for (int attempt = 0;; attempt++) {
         size_t nseg0 = o->nseg, nblocks0 = o->nblocks;
-        pthread_mutex_lock(&w->slot->ring_lock);
+        ring_lock_take(&w->slot->ring_lock);
         uint64_t seq0 = w->slot->ring.seq;
-        pthread_mutex_unlock(&w->slot->ring_lock);
+        ring_lock_drop(&w->slot->ring_lock);
         w->ring_copied = 0;
         int rc = gm_alloc_walk(a, walk_cb, w);
         if (rc)
@@ -387,11 +421,11 @@ static int copy_device_unlocked(walk_ctx_t *w, gm_alloc_t *a) {
             return GM_OK;
         /* No segment, so the ring was not copied under the walk's lock:
          * accept the copy only if no event happened since before the walk. */
-        pthread_mutex_lock(&w->slot->ring_lock);
+        ring_lock_take(&w->slot->ring_lock);
         int quiet = w->slot->ring.seq == seq0;
         if (quiet || attempt >= COPY_RETRIES)
             rc = copy_ring_unlocked(w);
-        pthread_mutex_unlock(&w->slot->ring_lock);
+        ring_lock_drop(&w->slot->ring_lock);
         if (rc || quiet || attempt >= COPY_RETRIES)
             return rc;
         o->nseg = nseg0;
@@ -432,9 +466,9 @@ int gm_hist_copy(gm_hist_copy_t *out) {
                 out->has_settings = 1;
             }
         } else {
-            pthread_mutex_lock(&s->ring_lock);
+            ring_lock_take(&s->ring_lock);
             rc = copy_ring_unlocked(&w);
-            pthread_mutex_unlock(&s->ring_lock);
+            ring_lock_drop(&s->ring_lock);
         }
         if (s->owner || out->nev[d])
             out->ndev = d + 1;
@@ -444,7 +478,7 @@ int gm_hist_copy(gm_hist_copy_t *out) {
     if (rc == GM_OK && on)
         for (int d = 0; d < GM_HIST_MAX_DEVICES; d++)
             if (recorded[d] && !(atomic_load(&cfg_skip_mask) & (1u << GM_ACT_SNAPSHOT)))
-                push_event(&slots[d], GM_ACT_SNAPSHOT, 0, active[d], 0, 0);
+                push_event(&slots[d], GM_ACT_SNAPSHOT, 0, active[d], 0, 0, 0);
     pthread_mutex_unlock(&registry_lock);
     if (rc) {
         gm_hist_copy_free(out);
@@ -467,9 +501,9 @@ uint64_t gm_hist_seq(int device) {
     if (device < 0 || device >= GM_HIST_MAX_DEVICES)
         return 0;
     ensure_slots();
-    pthread_mutex_lock(&slots[device].ring_lock);
+    ring_lock_take(&slots[device].ring_lock);
     uint64_t n = slots[device].ring.seq;
-    pthread_mutex_unlock(&slots[device].ring_lock);
+    ring_lock_drop(&slots[device].ring_lock);
     return n;
 }
 
@@ -477,9 +511,9 @@ size_t gm_hist_ring_bytes(void) {
     ensure_slots();
     size_t b = 0;
     for (int d = 0; d < GM_HIST_MAX_DEVICES; d++) {
-        pthread_mutex_lock(&slots[d].ring_lock);
+        ring_lock_take(&slots[d].ring_lock);
         b += gm_ring_bytes(&slots[d].ring);
-        pthread_mutex_unlock(&slots[d].ring_lock);
+        ring_lock_drop(&slots[d].ring_lock);
     }
     return b;
 }

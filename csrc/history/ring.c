@@ -22,7 +22,14 @@
  *   compile context, is stored in that slot: `folded` holds 1 + the ticks
  *   between the two stamps (24 bits). A copy expands the slot into the two
  *   events torch records, each with its own time, so a snapshot holds what
- *   it would hold without folding. A deferred completion (a stream still
+ *   it would hold without folding. A free that the allocator returns at
+ *   once (gm_alloc_free_completes_at_once: the completion is the next
+ *   event, under the same lock hold) is stored folded when its request is
+ *   recorded, and its completion's own hook call records nothing: one
+ *   slot, one ring lock and one clock read for the two events, the
+ *   completion stamped with the request's time (they are nanoseconds
+ *   apart: the same microsecond in a snapshot unless a microsecond
+ *   boundary falls between them). A deferred completion (a stream still
  *   used the block) folds only if nothing was recorded in between, and
  *   then keeps its own time too. Because a slot may hold two events, `max`
  *   bounds slots and events alike: a copy yields only the newest `max`
@@ -116,6 +123,13 @@ void gm_ring_push(gm_ring_t *r, const gm_hist_event_t *e) {
     }
     *slot(r, r->head) = *e;
     r->head = r->head + 1 == r->max ? 0 : r->head + 1;
+}
+
+void gm_ring_push_freed_at_once(gm_ring_t *r, const gm_hist_event_t *e) {
+    gm_hist_event_t f = *e;
+    folded_set(&f, 1); /* 1 + 0 ticks */
+    gm_ring_push(r, &f);
+    r->seq++; /* the completion */
 }
 
 static gm_hist_event_t *newest(gm_ring_t *r) {

@@ -39,6 +39,9 @@ void gm_ring_push(gm_ring_t *r, const gm_hist_event_t *e);
 /* Push a free_completed: into the newest slot when that holds its
  * free_requested alone (Note [Folded frees]), else as gm_ring_push. */
 void gm_ring_push_completed(gm_ring_t *r, const gm_hist_event_t *e);
+/* Push a free_requested together with its free_completed, which follows
+ * it at once: one slot, both events stamped with e's time. */
+void gm_ring_push_freed_at_once(gm_ring_t *r, const gm_hist_event_t *e);
 /* Events a copy yields: the newest min(max, events held). O(count). */
 size_t gm_ring_len(const gm_ring_t *r);
 /* Drop every event and return the storage. */

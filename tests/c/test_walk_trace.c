@@ -220,3 +220,48 @@ TEST(action_names_match_torch) {
     CHECK(gm_action_name(GM_ACT_COUNT) != NULL);
     CHECK(gm_action_name(-1) != NULL);
 }
+
+/* What gm_alloc_free_completes_at_once says during each free_requested. */
+typedef struct at_once_log {
+    gm_alloc_t *a;
+    int n, at_once[4];
+    int completed_next; /* the event after each free_requested was its completion */
+} at_once_log_t;
+
+static void log_at_once(void *arg, int device, gm_action_t action, uintptr_t addr, size_t size,
+                        uintptr_t stream, uint32_t ctx) {
+    (void)device, (void)addr, (void)size, (void)stream, (void)ctx;
+    at_once_log_t *l = arg;
+    if (l->completed_next == -1)
+        l->completed_next = action == GM_ACT_FREE_COMPLETED;
+    if (action == GM_ACT_FREE_REQUESTED && l->n < 4) {
+        l->at_once[l->n++] = gm_alloc_free_completes_at_once(l->a);
+        l->completed_next = -1;
+    }
+}
+
+TEST(trace_tells_a_free_completed_at_once) {
+    /* a plain free completes in the same call, with nothing between; one
+     * whose block a stream still uses does not */
+    tdev_config_t cfg = dev_cfg(0, TDEV_EVENTS_NEVER);
+    fx_t fx;
+    REQUIRE(fx_open(&fx, &cfg, NULL) == 0);
+    at_once_log_t l = {fx.a, 0, {-1, -1, -1, -1}, 0};
+    gm_alloc_set_trace_hook(fx.a, log_at_once, &l);
+    uintptr_t p = 0, q = 0;
+    CHECK_EQ(gm_alloc_malloc(fx.a, 1000, S1, 0, &p, NULL), 0);
+    CHECK_EQ(gm_alloc_free(fx.a, p, 0), 0);
+    CHECK_EQ(l.n, 1);
+    CHECK_EQ(l.at_once[0], 1);
+    CHECK_EQ(l.completed_next, 1);
+    CHECK_EQ(gm_alloc_malloc(fx.a, 1000, S1, 0, &q, NULL), 0);
+    CHECK_EQ(gm_alloc_record_stream(fx.a, q, S2), 0);
+    CHECK_EQ(gm_alloc_free(fx.a, q, 0), 0);
+    CHECK_EQ(l.n, 2);
+    CHECK_EQ(l.at_once[1], 0);
+    CHECK_EQ(l.completed_next, -1); /* nothing followed: pending on S2 */
+    gm_alloc_set_trace_hook(fx.a, NULL, NULL);
+    fx_complete_events(&fx);
+    CHECK_EQ(gm_alloc_process_events(fx.a, 0), 0);
+    fx_close(&fx);
+}
