@@ -20,25 +20,23 @@
  *   (per device) guards one ring and is taken last, by the hook and by
  *   readers. Capture never takes any of these (it runs before the allocator
  *   lock) and the intern lock is a leaf.
- *   The ring lock is a spin lock (an exchange to take it, a release store
- *   to drop it): the hook takes it for every event, always uncontended
- *   except against a reader, and a pthread mutex's unlock is a second
- *   atomic read-modify-write; a waiter yields the CPU between tries.
+ *   The ring lock is a spin lock (ring_lock.h says why).
  * Limitations: a snapshot blocks allocations on a device while it copies
  *   that device's ring (a memcpy of at most max_entries events); an
  *   allocation that waits for a reader (a copy or a new bound's rebuild
  *   without its allocator lock) spins, yielding, instead of sleeping.
  */
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "../base/grow.h"
 #include "clock.h"
 #include "hist.h"
 #include "ring.h"
+#include "ring_lock.h"
 #include "sample.h"
 
 typedef struct reg {
@@ -57,19 +55,10 @@ typedef struct reg {
  * top one (owner) is recorded; when it is detached the one below it is
  * recorded again, from an empty ring. */
 typedef struct slot {
-    atomic_int ring_lock; /* ring_lock_take / ring_lock_drop */
+    atomic_int ring_lock; /* gm_ring_lock_take / gm_ring_lock_drop */
     gm_ring_t ring; /* protected by: ring_lock */
     reg_t *owner;   /* protected by: registry lock (NULL: no allocator) */
 } slot_t;
-
-/* Note [History locks]: the ring lock. */
-static void ring_lock_take(atomic_int *l) {
-    while (atomic_exchange_explicit(l, 1, memory_order_acquire))
-        while (atomic_load_explicit(l, memory_order_relaxed))
-            sched_yield();
-}
-
-static void ring_lock_drop(atomic_int *l) { atomic_store_explicit(l, 0, memory_order_release); }
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t slots_once = PTHREAD_ONCE_INIT;
@@ -141,14 +130,14 @@ static void push_event(slot_t *s, gm_action_t action, uint64_t addr, uint64_t si
     }
     e.action = (uint8_t)action;
     memset(e.folded, 0, sizeof e.folded);
-    ring_lock_take(&s->ring_lock);
+    gm_ring_lock_take(&s->ring_lock);
     if (at_once)
         gm_ring_push_freed_at_once(&s->ring, &e); /* Note [Folded frees] in ring.c */
     else if (action == GM_ACT_FREE_COMPLETED)
         gm_ring_push_completed(&s->ring, &e);
     else
         gm_ring_push(&s->ring, &e);
-    ring_lock_drop(&s->ring_lock);
+    gm_ring_lock_drop(&s->ring_lock);
 }
 
 /* The core's trace hook while recording; runs under the allocator lock. */
@@ -182,9 +171,9 @@ static void install_hook_unlocked(reg_t *r, int recording) {
 }
 
 static void clear_ring(slot_t *s) {
-    ring_lock_take(&s->ring_lock);
+    gm_ring_lock_take(&s->ring_lock);
     gm_ring_clear(&s->ring);
-    ring_lock_drop(&s->ring_lock);
+    gm_ring_lock_drop(&s->ring_lock);
 }
 
 /* ------------------------------------------------------ configuration */
@@ -218,12 +207,12 @@ int gm_hist_configure(const gm_hist_config_t *cfg) {
     } else {
         for (int d = 0; d < GM_HIST_MAX_DEVICES; d++) {
             slot_t *s = &slots[d];
-            ring_lock_take(&s->ring_lock);
+            gm_ring_lock_take(&s->ring_lock);
             if (cfg->clear_history)
                 gm_ring_clear(&s->ring);
             if (gm_ring_set_max(&s->ring, ring_max))
                 rc = GM_ENOMEM; /* keeps the old bound */
-            ring_lock_drop(&s->ring_lock);
+            gm_ring_lock_drop(&s->ring_lock);
         }
         atomic_store(&cfg_skip_mask, cfg->skip_mask);
         atomic_store(&cfg_stacks_all, cfg->stacks_all ? 1 : 0);
@@ -348,34 +337,20 @@ static int copy_ring_unlocked(walk_ctx_t *w) {
     return GM_OK;
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t esz) {
-    if (need <= *cap)
-        return 0;
-    size_t ncap = *cap ? *cap : 64;
-    while (ncap < need)
-        ncap *= 2;
-    void *q = realloc(*p, ncap * esz);
-    if (!q)
-        return -1;
-    *p = q;
-    *cap = ncap;
-    return 0;
-}
-
 /* Runs under the allocator lock (from gm_alloc_walk). */
 static int walk_cb(void *arg, const gm_segment_info_t *seg) {
     walk_ctx_t *w = arg;
     gm_hist_copy_t *o = w->out;
     if (!w->ring_copied) {
         /* Same allocator lock as the walk: trace and segments agree. */
-        ring_lock_take(&w->slot->ring_lock);
+        gm_ring_lock_take(&w->slot->ring_lock);
         int rc = copy_ring_unlocked(w);
-        ring_lock_drop(&w->slot->ring_lock);
+        gm_ring_lock_drop(&w->slot->ring_lock);
         if (rc)
             return rc;
     }
-    if (grow((void **)&o->segs, &w->cap_seg, o->nseg + 1, sizeof *o->segs) ||
-        grow((void **)&o->blocks, &w->cap_blocks, o->nblocks + seg->nblocks, sizeof *o->blocks))
+    if (gm_grow((void **)&o->segs, &w->cap_seg, o->nseg + 1, sizeof *o->segs) ||
+        gm_grow((void **)&o->blocks, &w->cap_blocks, o->nblocks + seg->nblocks, sizeof *o->blocks))
         return GM_ENOMEM;
     gm_hist_segment_t *s = &o->segs[o->nseg++];
     s->device = w->device;
@@ -410,9 +385,9 @@ static int copy_device_unlocked(walk_ctx_t *w, gm_alloc_t *a) {
     gm_hist_copy_t *o = w->out;
     for (int attempt = 0;; attempt++) {
         size_t nseg0 = o->nseg, nblocks0 = o->nblocks;
-        ring_lock_take(&w->slot->ring_lock);
+        gm_ring_lock_take(&w->slot->ring_lock);
         uint64_t seq0 = w->slot->ring.seq;
-        ring_lock_drop(&w->slot->ring_lock);
+        gm_ring_lock_drop(&w->slot->ring_lock);
         w->ring_copied = 0;
         int rc = gm_alloc_walk(a, walk_cb, w);
         if (rc)
@@ -421,11 +396,11 @@ static int copy_device_unlocked(walk_ctx_t *w, gm_alloc_t *a) {
             return GM_OK;
         /* No segment, so the ring was not copied under the walk's lock:
          * accept the copy only if no event happened since before the walk. */
-        ring_lock_take(&w->slot->ring_lock);
+        gm_ring_lock_take(&w->slot->ring_lock);
         int quiet = w->slot->ring.seq == seq0;
         if (quiet || attempt >= COPY_RETRIES)
             rc = copy_ring_unlocked(w);
-        ring_lock_drop(&w->slot->ring_lock);
+        gm_ring_lock_drop(&w->slot->ring_lock);
         if (rc || quiet || attempt >= COPY_RETRIES)
             return rc;
         o->nseg = nseg0;
@@ -466,9 +441,9 @@ int gm_hist_copy(gm_hist_copy_t *out) {
                 out->has_settings = 1;
             }
         } else {
-            ring_lock_take(&s->ring_lock);
+            gm_ring_lock_take(&s->ring_lock);
             rc = copy_ring_unlocked(&w);
-            ring_lock_drop(&s->ring_lock);
+            gm_ring_lock_drop(&s->ring_lock);
         }
         if (s->owner || out->nev[d])
             out->ndev = d + 1;
@@ -501,9 +476,9 @@ uint64_t gm_hist_seq(int device) {
     if (device < 0 || device >= GM_HIST_MAX_DEVICES)
         return 0;
     ensure_slots();
-    ring_lock_take(&slots[device].ring_lock);
+    gm_ring_lock_take(&slots[device].ring_lock);
     uint64_t n = slots[device].ring.seq;
-    ring_lock_drop(&slots[device].ring_lock);
+    gm_ring_lock_drop(&slots[device].ring_lock);
     return n;
 }
 
@@ -511,9 +486,9 @@ size_t gm_hist_ring_bytes(void) {
     ensure_slots();
     size_t b = 0;
     for (int d = 0; d < GM_HIST_MAX_DEVICES; d++) {
-        ring_lock_take(&slots[d].ring_lock);
+        gm_ring_lock_take(&slots[d].ring_lock);
         b += gm_ring_bytes(&slots[d].ring);
-        ring_lock_drop(&slots[d].ring_lock);
+        gm_ring_lock_drop(&slots[d].ring_lock);
     }
     return b;
 }

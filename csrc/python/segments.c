@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "../base/grow.h"
 #include "errors.h"
 #include "segments.h"
 
@@ -130,25 +131,11 @@ typedef struct walk_copy {
     size_t nblocks, cap_blocks;
 } walk_copy_t;
 
-static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap)
-        return 0;
-    size_t n = *cap ? *cap : 16;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*arr, n * elem);
-    if (!p)
-        return GM_ENOMEM;
-    *arr = p;
-    *cap = n;
-    return 0;
-}
-
 /* Runs under the allocator lock: plain C copies only. */
 static int copy_segment(void *arg, const gm_segment_info_t *seg) {
     walk_copy_t *w = arg;
-    if (grow((void **)&w->segs, &w->cap_seg, w->nseg + 1, sizeof *w->segs) ||
-        grow((void **)&w->blocks, &w->cap_blocks, w->nblocks + seg->nblocks,
+    if (gm_grow((void **)&w->segs, &w->cap_seg, w->nseg + 1, sizeof *w->segs) ||
+        gm_grow((void **)&w->blocks, &w->cap_blocks, w->nblocks + seg->nblocks,
              sizeof *w->blocks))
         return GM_ENOMEM;
     seg_copy_t *c = &w->segs[w->nseg++];
