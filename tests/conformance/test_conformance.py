@@ -6,7 +6,10 @@ written).  A group runs in one subprocess per variant and allocator
 (runner.py): torch's CUDA build imports once and runs every check of the
 group, so the suite starts a few dozen processes, not hundreds.  Every check
 then becomes one pytest test per allocator, named
-``test_conformance[<group>-<variant>-<torch|gpumem>-<check>]``.
+``test_conformance[<group>-<variant>-<torch|gpumem>-<check>]``.  The tests
+of one subprocess share an xdist_group, so that ``-n 2 --dist loadgroup``
+(.ci/torch26) spreads the subprocesses over both workers and runs each once;
+under the full suite's ``--dist loadfile`` the file stays on one worker.
 
 The bar: a check that passes under torch's allocator passes under gpumem.
 Where gpumem differs on purpose the check is marked @differs(anchor) and
@@ -73,9 +76,11 @@ def _params() -> list:
                 why = getattr(fn, "sim_limit", None)
                 extra = [pytest.mark.xfail(reason=f"simulator: {why}", strict=True)] if why else []
                 for mode in MODES:
-                    label = f"{g[3:]}-{variant or 'default'}-{mode}-{fn.__name__[6:]}"
-                    out.append(pytest.param(g, variant, mode, fn.__name__, marks=marks + extra,
-                                            id=label))
+                    run = f"{g[3:]}-{variant or 'default'}-{mode}"
+                    group_mark = pytest.mark.xdist_group(f"conformance-{run}")
+                    out.append(pytest.param(g, variant, mode, fn.__name__,
+                                            marks=marks + extra + [group_mark],
+                                            id=f"{run}-{fn.__name__[6:]}"))
     return out
 
 
@@ -127,3 +132,15 @@ def test_every_difference_is_documented():
     documented = _anchors()
     assert set(used) <= documented, f"undocumented differences: {set(used) - documented}"
     assert documented <= set(used), f"entries no check pins: {documented - set(used)}"
+
+
+def test_one_xdist_group_per_subprocess():
+    """The checks of one subprocess (group, variant, allocator) share one
+    xdist_group and no other subprocess's checks share it: under --dist
+    loadgroup each subprocess then runs once, on one worker."""
+    runs: dict[str, set] = {}
+    for p in _params():
+        [mark] = [m for m in p.marks if m.name == "xdist_group"]
+        runs.setdefault(mark.args[0], set()).add(p.values[:3])
+    assert all(len(r) == 1 for r in runs.values()), {k: r for k, r in runs.items() if len(r) > 1}
+    assert len(runs) == sum(len(_variants(g)) * len(MODES) for g in _group_names())
