@@ -47,6 +47,7 @@ def fake_driver() -> str:
 
 
 @needs_torch
+@pytest.mark.slow  # 7.6 s; the fast tier keeps the doctor's step tests below
 def test_without_a_gpu_it_says_so_and_exits_3():
     proc = doctor()
     assert proc.returncode == 3, proc.stdout + proc.stderr

@@ -68,11 +68,19 @@ def built_shim(torch_reason: Optional[str] = TORCH_REASON) -> Path:
     why = _skip_reason(torch_reason)
     if why:
         pytest.skip(why)
+    _build_shim_once()
+    return SHIM_CACHE
+
+
+@functools.lru_cache(maxsize=None)
+def _build_shim_once() -> None:
+    """Build (or check) the shim and its record_function module in SHIM_CACHE,
+    once per test process: the check alone imports torch (about 3.5 s), and
+    nothing in the suite removes the cache."""
     env = _env({"GPUMEM_SHIM_BUILD": "1"})
     proc = subprocess.run([sys.executable, "-m", "gpumem.pytorch.shim_build"], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=900)
     assert proc.returncode == 0, f"building the torch shim failed:\n{proc.stderr[-6000:]}"
-    return SHIM_CACHE
 
 
 def run_py(code: str, *, env: Optional[dict] = None, timeout: float = 300,
