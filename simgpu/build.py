@@ -69,7 +69,7 @@ DRIVER_SOURCES = ("fakecuda.c", "fakecuda_config.c", "fakecuda_ctx.c", "fakecuda
                   "fakecuda_module.c", "fakecuda_func.c", "fakecuda_limit.c", "fakecuda_launch.c",
                   "fakecuda_tensormap.c", "fakecuda_capture.c",
                   "fakecuda_capture_rules.c", "fakecuda_graph.c", "fakecuda_nohost.c",
-                  "fakecuda_spin.c", "fakecuda_fatal.c")
+                  "fakecuda_spin.c", "fakecuda_handout.c", "fakecuda_fatal.c")
 DRIVER_HEADERS = ("fakecuda_internal.h", "fakecuda_image.h", "cuda_min.h")
 DRIVER_MAP = "libcuda.map"
 DRIVER_SONAME = "libcuda.so.1"

@@ -45,6 +45,12 @@ static inline void gm_dev_capture_restore(gm_alloc_t *a, int relaxed, int saved)
         a->be->exchange_capture_mode(a->be->ctx, &saved);
 }
 
+/* Optional: only a simulated device's backend has it (backend.h). */
+static inline void gm_dev_block_handed_out(gm_alloc_t *a, uintptr_t ptr, size_t size) {
+    if (a->be->block_handed_out)
+        a->be->block_handed_out(a->be->ctx, a->device, ptr, size);
+}
+
 static inline int gm_dev_seg_alloc(gm_alloc_t *a, size_t size, uintptr_t *ptr) {
     *ptr = 0;
     int saved = 0, relaxed = gm_dev_capture_relax(a, &saved);

@@ -240,8 +240,10 @@ static inline int do_malloc(gm_alloc_t *a, size_t orig_size, uintptr_t stream, u
     }
     gm_block_t *b = NULL;
     rc = alloc_found_block(a, &r, orig_size, ctx, should_split(a, r.block, r.size), &b);
-    if (rc == GM_OK)
+    if (rc == GM_OK) {
         *out_ptr = b->ptr;
+        gm_dev_block_handed_out(a, b->ptr, orig_size);
+    }
     GM_DEEP_CHECK(a);
     gm_unlock(a);
     return rc;

@@ -75,6 +75,13 @@ typedef struct gm_backend {
      * switches to relaxed around seg_alloc and map then, as torch's
      * cudaMallocMaybeCapturing does. */
     int (*exchange_capture_mode)(void *ctx, int *mode);
+
+    /* Optional (NULL: not needed): the core handed [ptr, ptr+size) out.
+     * Only a simulated device wants to know: its driver gives a small
+     * block a kernel output's value (Note [Blocks handed out] in
+     * simgpu/driver/fakecuda_handout.c). Nothing is returned: the block
+     * is the caller's whatever the device does. */
+    void (*block_handed_out)(void *ctx, int device, uintptr_t ptr, size_t size);
 } gm_backend_t;
 
 /* CUstreamCaptureMode's values. */

@@ -59,6 +59,13 @@ static int cu_seg_alloc(void *ctx, int device, size_t size, uintptr_t *out) {
 }
 
 /* cuThreadExchangeStreamCaptureMode: per thread, no context needed. */
+/* The simulator's driver only: see Note [Blocks handed out] in
+ * simgpu/driver/fakecuda_handout.c. */
+static void cu_block_handed_out(void *ctx, int device, uintptr_t ptr, size_t size) {
+    (void)device;
+    ((gm_cuda_t *)ctx)->p_fakecuda_block_handed_out((CUdeviceptr)ptr, size);
+}
+
 static int cu_exchange_capture_mode(void *ctx, int *mode) {
     gm_cuda_t *c = ctx;
     CUstreamCaptureMode m = (CUstreamCaptureMode)*mode;
@@ -168,6 +175,8 @@ int gm_cuda_open(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
 #define X(name) c->p_##name = (__typeof__(name) *)dlsym(lib, #name);
     OPTIONAL_DRIVER_FUNCS(X)
 #undef X
+    c->p_fakecuda_block_handed_out =
+        (int (*)(CUdeviceptr, size_t))dlsym(lib, "fakecuda_block_handed_out");
     CUresult r = c->p_cuInit(0);
     const char *step = "cuInit";
     int n = 0;
@@ -207,6 +216,8 @@ int gm_cuda_open(const char *path, gm_cuda_t **out, char *err, size_t errlen) {
     b->unmap = gm_cuda_unmap;
     b->stream_synchronize = cu_stream_synchronize;
     b->last_error = cu_last_error;
+    if (c->p_fakecuda_block_handed_out)
+        b->block_handed_out = cu_block_handed_out;
     *out = c;
     return GM_OK;
 }

@@ -76,6 +76,8 @@ struct gm_cuda {
     DRIVER_FUNCS(X) /* immutable after open */
     OPTIONAL_DRIVER_FUNCS(X) /* immutable after open; may be NULL */
 #undef X
+    /* the simulator's driver only (Note [Blocks handed out]); may be NULL */
+    int (*p_fakecuda_block_handed_out)(CUdeviceptr ptr, size_t n); /* immutable after open */
     pthread_mutex_t lock;
     int n_devices;                            /* immutable after open */
     CUcontext primary[GM_CUDA_MAX_DEVICES];   /* protected by: lock */

@@ -42,7 +42,7 @@ Limitations: a script that installs its own SIGTERM handler, or enables
   calls os._exit(), leaves only the mark written when it started; a fatal
   signal leaves no statistics and no snapshot: only the most each simulated
   device held (CUDA context included), which the fake driver writes to
-  <pid>.peaks as the process dies (csrc/sim/driver/fakecuda_fatal.c), not
+  <pid>.peaks as the process dies (simgpu/driver/fakecuda_fatal.c), not
   the allocator's own peaks.
 """
 

@@ -48,7 +48,7 @@ def read_fault(path: str) -> Optional[dict[str, Any]]:
 
 def read_fatal_peaks(path: str) -> Optional[dict[int, int]]:
     """{device: the most memory it held} written by the fake driver as the
-    process died of a fatal signal (csrc/sim/driver/fakecuda_fatal.c); None
+    process died of a fatal signal (simgpu/driver/fakecuda_fatal.c); None
     when there is no such file."""
     try:
         with open(path, encoding="ascii", errors="replace") as f:

@@ -457,6 +457,12 @@ int fc_sync_report_leaks_unlocked(sim_sb_t *sb, int *first, int left);
  * checks of a launch on hStream, then its work on the timeline. */
 FC_API CUresult fakecuda_launch(CUstream hStream, long long cycles);
 
+/* fakecuda_handout.c (Note [Blocks handed out]; exported; takes the lock
+ * itself): a caching allocator handed [ptr, ptr+n) out; a small block reads
+ * zeros until written. 0, or -1 for a range that is not writable device
+ * memory. */
+FC_API int fakecuda_block_handed_out(CUdeviceptr ptr, size_t n);
+
 /* fakecuda_timeline.c (Note [Device timeline]); enqueue and copy do
  * nothing outside the timeline mode. */
 uint64_t fc_tl_ready_unlocked(struct CUctx_st *ctx, uint64_t key);

@@ -163,10 +163,12 @@ def _torchtitan(ngpu: int) -> Stack:
         needs=("torchtitan", "tokenizers", "datasets"), devices=ngpu,
         compiles="torchtitan_debugmodel",
         setup=_script("titan_assets.py", "."),
-        # GPUMEM_FAKECUDA_NO_HOST_MEMORY: torchtitan stops at a loss that is not
-        # finite, and the loss it reads back is bytes no kernel wrote: with host
-        # memory, whatever the reused block held (-inf once, under gpumem on 2
-        # GPUs, in a full-suite run); without, zeros. Memory figures are the same.
+        # torchtitan stops at a loss that is not finite, and the loss it reads
+        # back is bytes no kernel wrote: whatever the reused block held (-inf and
+        # NaN once each, under gpumem on 2 GPUs, in full-suite runs). gpumem now
+        # has the simulator zero the small blocks it hands out (Note [Blocks
+        # handed out]); torch's allocator does not. GPUMEM_FAKECUDA_NO_HOST_MEMORY
+        # keeps large copies out of host memory; memory figures are the same.
         env={"PYTORCH_ALLOC_CONF": "expandable_segments:True", "LOG_RANK": "0",
              "TORCHFT_LIGHTHOUSE": "http://localhost:29510",
              "GPUMEM_FAKECUDA_NO_HOST_MEMORY": "1"})

@@ -38,6 +38,7 @@ CONTROL_FUNCS = {
     "fakecuda_configure",
     "fakecuda_query",
     "fakecuda_launch",
+    "fakecuda_block_handed_out",
 }
 
 

@@ -1,5 +1,5 @@
 """Loops that wait on a kernel's result end on the simulator (Note [Reads that
-wait on kernels] in csrc/sim/driver/fakecuda_spin.c; issue 30): torch's
+wait on kernels] in simgpu/driver/fakecuda_spin.c; issue 30): torch's
 nn.init.trunc_normal_ redraws until ``mask.any()`` is false, and on the
 simulator, whose kernels compute nothing, that byte was whatever an earlier
 copy left in a reused block: torchtitan's model init spun forever.  Small
