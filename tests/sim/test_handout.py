@@ -36,6 +36,7 @@ emit({"finite": [math.isfinite(v) for v in losses], "losses": [repr(v) for v in 
 
 
 @needs_torch
+@pytest.mark.slow  # two torch runs (about 17 s each); the fast tier stays under its bar
 @pytest.mark.parametrize("install", [False, True], ids=["torch", "gpumem"])
 def test_a_kernels_output_in_a_reused_block_reads_zeros_under_gpumem(install):
     out = run_gm(STALE, install=install, timeout=120)
