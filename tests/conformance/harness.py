@@ -98,11 +98,13 @@ def at_least(release: str) -> bool:
     return torch_release() >= tuple(int(p) for p in release.split("."))
 
 
-def older_than(release: str, what: str) -> str | None:
-    """Why this torch lacks what (it is older than release), or None."""
+def older_than(release: str, what: str, version: str | None = None) -> str | None:
+    """Why this torch lacks what (it is older than release), or None;
+    version: the torch release to judge instead of the one imported."""
     want = tuple(int(p) for p in release.split("."))
-    if torch_release() < want:
-        return f"torch {torch_mod().__version__} has no {what} (since {release})"
+    version = version or torch_mod().__version__
+    if tuple(int(p) for p in version.split(".")[:2]) < want:
+        return f"torch {version} has no {what} (since {release})"
     return None
 
 
