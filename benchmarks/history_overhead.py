@@ -178,17 +178,7 @@ exec(TRANSFORMER)
 model, opt = make_model()
 x = torch.randn(8, 16, 64, device="cuda")
 def train(n):
-    # CPU time of this process (all its threads: autograd's too), which
-    # other processes on a shared machine disturb less than wall time;
-    # on the simulated GPU a step is all CPU work
-    torch.cuda.synchronize()
-    t0 = time.process_time()
-    for _ in range(n):
-        model(x).float().pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    return (time.process_time() - t0) / n * 1e6
+    return timed_steps(model, opt, x, n)   # TRANSFORMER's, CPU time per step
 # A step costs milliseconds and a mode adds tenths of a microsecond per
 # allocation (a few hundredths of the step), so each mode is timed in
 # TRAIN_BLOCKS pairs of short blocks (TRAIN_STEPS steps) against the mode

@@ -58,13 +58,7 @@ model, opt = make_model()
 x = torch.randn(8, 16, 64, device="cuda")
 
 def train(n):
-    """us of CPU time (all threads) per step of n."""
-    torch.cuda.synchronize()
-    t0 = time.process_time()
-    for _ in range(n):
-        train_step(model, opt, x)     # TRANSFORMER's: the same step as history_overhead's
-    torch.cuda.synchronize()
-    return (time.process_time() - t0) / n * 1e6
+    return timed_steps(model, opt, x, n)   # TRANSFORMER's, as history_overhead's
 
 NEVER = {"mean_bytes": 1 << 61, "threshold_bytes": 1 << 61}
 mem._record_memory_history("all", context="all", stacks="python")   # builds the module

@@ -157,4 +157,17 @@ def measured_steps(model, opt, x, n):
         out["allocated"].append(torch.cuda.memory_allocated())
         out["reserved"].append(torch.cuda.memory_reserved())
     return out
+
+def timed_steps(model, opt, x, n):
+    """n steps; microseconds of this process's CPU time (all its threads:
+    autograd's too) per step, which other processes on a shared machine
+    disturb less than wall time; on the simulated GPU a step is all CPU
+    work."""
+    import time
+    torch.cuda.synchronize()
+    t0 = time.process_time()
+    for _ in range(n):
+        train_step(model, opt, x)
+    torch.cuda.synchronize()
+    return (time.process_time() - t0) / n * 1e6
 '''
