@@ -320,8 +320,10 @@ def peaks(cwd: Path, ranks: list) -> dict:
     return out
 
 
-@pytest.mark.parametrize("mode, world", [("fsdp", 2), ("fsdp", 4), ("ddp", 2), ("ddp", 4),
-                                         ("tp", 2), ("tp", 4), ("fsdp_tp", 4)])
+# One rank started alone of 2 (fsdp), and two of 4 in every mode. DDP and TP
+# on 2 ranks (rank 1 alone) were dropped: 4 runs, about 2 min of CI time.
+@pytest.mark.parametrize("mode, world", [("fsdp", 2), ("fsdp", 4), ("ddp", 4), ("tp", 4),
+                                         ("fsdp_tp", 4)])
 @pytest.mark.parametrize("how", ["torch", "simulate"])
 def test_started_ranks_peak_as_in_the_full_run(tmp_path, mode, world, how):
     check_started_ranks(tmp_path, mode, world, how)
