@@ -301,8 +301,7 @@ FEWER = {"torch_traces.py": "--only streams10_empty_cache --only stream1_pressur
          "torch_side_by_side.py": "--repeats 1 --iters 4000",
          "history_overhead.py": "--repeats 1 --iters 4000 --events 20000 --train-blocks 10",
          "viewer_render.py": "--rounds 1",
-         "sim_fidelity.py": "--only seed001_linear --only reduce_staging",
-         "fsdp_scale.py": "--layers 4"}
+         "sim_fidelity.py": "--only seed001_linear --only reduce_staging"}
 
 
 @pytest.mark.slow
