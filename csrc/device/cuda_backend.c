@@ -58,7 +58,6 @@ static int cu_seg_alloc(void *ctx, int device, size_t size, uintptr_t *out) {
     GM_CUDA_IN_CTX(c, device, do_alloc(c, size, out));
 }
 
-/* cuThreadExchangeStreamCaptureMode: per thread, no context needed. */
 /* The simulator's driver only: see Note [Blocks handed out] in
  * simgpu/driver/fakecuda_handout.c. */
 static void cu_block_handed_out(void *ctx, int device, uintptr_t ptr, size_t size) {
@@ -66,6 +65,7 @@ static void cu_block_handed_out(void *ctx, int device, uintptr_t ptr, size_t siz
     ((gm_cuda_t *)ctx)->p_fakecuda_block_handed_out((CUdeviceptr)ptr, size);
 }
 
+/* cuThreadExchangeStreamCaptureMode: per thread, no context needed. */
 static int cu_exchange_capture_mode(void *ctx, int *mode) {
     gm_cuda_t *c = ctx;
     CUstreamCaptureMode m = (CUstreamCaptureMode)*mode;

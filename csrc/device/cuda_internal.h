@@ -76,7 +76,9 @@ struct gm_cuda {
     DRIVER_FUNCS(X) /* immutable after open */
     OPTIONAL_DRIVER_FUNCS(X) /* immutable after open; may be NULL */
 #undef X
-    /* the simulator's driver only (Note [Blocks handed out]); may be NULL */
+    /* the simulator's driver only (Note [Blocks handed out]); may be NULL.
+     * Not in OPTIONAL_DRIVER_FUNCS: NVIDIA's cuda.h, used when installed,
+     * does not declare it for __typeof__. */
     int (*p_fakecuda_block_handed_out)(CUdeviceptr ptr, size_t n); /* immutable after open */
     pthread_mutex_t lock;
     int n_devices;                            /* immutable after open */

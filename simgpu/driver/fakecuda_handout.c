@@ -36,10 +36,11 @@ FC_API int fakecuda_block_handed_out(CUdeviceptr ptr, size_t n)
 {
     int rc = -1;
     fc_lock();
-    if (fc.initialized && n <= FC_NOHOST_KEEP && fc_accessible_unlocked(ptr, n, 1)) {
-        fc_fill_unlocked(ptr, 0, 1, n);
+    if (fc.initialized && fc_accessible_unlocked(ptr, n, 1)) {
+        if (n <= FC_NOHOST_KEEP)
+            fc_fill_unlocked(ptr, 0, 1, n);
         rc = 0;
     }
     fc_unlock();
-    return n > FC_NOHOST_KEEP ? 0 : rc;
+    return rc;
 }

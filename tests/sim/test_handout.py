@@ -10,8 +10,6 @@ the stale bytes, shown side by side."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from sim_helpers import needs_torch
