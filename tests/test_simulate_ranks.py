@@ -289,7 +289,8 @@ def test_ddp_on_two_ranks_gives_a_row_and_a_snapshot_per_rank(tmp_path, capsys):
     # than on the other, at a moment of real time (tests/sim/test_nccl.py)
     bucket = -(-4 * (128 * 128 + 128 + 128 * 16 + 16) // 512) * 512
     top = max(r["peak_allocated"] for r in rows)
-    assert top > bucket and all(r["peak_allocated"] in (top, top - bucket) for r in rows), rows
+    assert top > bucket and all(r["peak_allocated"] in (top, top - bucket) for r in rows), \
+        [r["peak_allocated"] for r in rows]
     assert rows[0]["peak_reserved"] == rows[1]["peak_reserved"]
     assert report["fits"] is True and report["oom_order"] == []
     # The device peak holds the allocator's segments, the context and the
