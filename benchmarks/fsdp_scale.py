@@ -387,6 +387,9 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--results", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.steps < 1:
+        print(f"fsdp_scale: --steps must be at least 1, not {args.steps}", file=sys.stderr)
+        return 2
     if args.worker:
         worker(args)
         return 0
