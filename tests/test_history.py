@@ -637,6 +637,26 @@ def test_capture_in_a_thread_without_python_state_does_not_block():
     assert testext.hist_capture_in_c_thread(1) == (0, False)
 
 
+def test_capture_on_a_thread_with_a_state_but_no_frames_does_not_take_the_gil():
+    """Autograd's device threads have a Python thread state (torch makes one,
+    then releases the GIL) and never a Python frame. Their captures find
+    nothing to walk, so they must not wait for the GIL (Note [Capture and
+    the GIL]): here the caller holds it while the thread captures."""
+    history.record_memory_history(stacks="python")
+    try:
+        assert testext.hist_capture_in_c_thread(1, 2.0, True) == (0, False)
+        prev = _C._hist_backward_enter()   # as gpumem's backward wrapper does
+        try:
+            tb, blocked = testext.hist_capture_in_c_thread(1, 2.0, True)
+        finally:
+            _C._hist_backward_exit(prev)
+        assert not blocked and tb != 0
+        names = [f["name"] for f in _C._hist_traceback(tb)]
+        assert names[0] == "test_capture_on_a_thread_with_a_state_but_no_frames_does_not_take_the_gil"
+    finally:
+        history.record_memory_history(None)
+
+
 def test_allocations_from_a_c_thread_are_recorded_without_frames():
     from test_history_support import check_snapshot
     a = _C.Allocator()

@@ -416,6 +416,9 @@ SMOKE = textwrap.dedent(
         assert cached is None or cached[1:] == bt[len(bt) - len(cached) + 1:], (cached, bt)
         C._hist_configure(2, 3, True, 1000, True, 0)  # context 'all', stacks 'all'
         assert C._hist_capture(1) and C._hist_capture(1)
+        # a thread with a thread state and no frames (autograd's), the GIL held here
+        tb, blocked = t.hist_capture_in_c_thread(1, 5.0, True)
+        assert tb and not blocked, (tb, blocked)
         # a repeated stack without the GIL (Note [Predicted chain]) and the check itself
         assert all(t.hist_capture_without_gil(1) for _ in range(4))
         if t.hist_chain(0, True):

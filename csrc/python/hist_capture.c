@@ -18,8 +18,11 @@
  *   state is NULL captures no Python frames and never touches the GIL. A
  *   thread that holds the GIL walks its frames directly. A thread with a
  *   thread state but without the GIL first checks, without the GIL,
- *   whether it stands at its last stack (Note [Last stack]); if not, it
- *   takes the GIL with PyGILState_Ensure, but
+ *   whether it stands at its last stack (Note [Last stack]), or on no
+ *   frames at all (where the directly walked versions read its own
+ *   frames, which no other thread changes: then there is nothing to walk
+ *   and the GIL is not taken); if not, it takes the GIL with
+ *   PyGILState_Ensure, but
  *   only until the interpreter starts exiting (an atexit hook sets our flag
  *   before CPython sets its own; 3.13+ also checks Py_IsFinalizing). No
  *   allocator lock is held here, so waiting for the GIL cannot deadlock
@@ -297,7 +300,11 @@ static uint32_t capture(int level, const gm_rawframe_t *lead, uint32_t nlead) {
             }
         }
 #endif
-        if (!have_gil && may_take_gil()) {
+        /* A thread found standing on no Python frames of its own (autograd's
+         * device threads: torch gives them a thread state, never frames)
+         * needs nothing the GIL guards: its capture is the same without it
+         * (Note [Capture and the GIL]). */
+        if (!have_gil && !(walked && npy == 0) && may_take_gil()) {
             gs = PyGILState_Ensure();
             ensured = have_gil = 1;
         }

@@ -9,9 +9,10 @@
  * Invariants: captures go through gpumem._C's own entry point
  * (gm_hist_api_t.capture, the one the torch shim calls) and allocations
  * through the core API table, so what is tested is the shipped code.
- * Threads started here have no Python thread state, like autograd's; a
- * caller that keeps the GIL while joining one learns whether the capture
- * tried to take it (`blocked`).
+ * Threads started here have no Python thread state, or one that does not
+ * hold the GIL (as autograd's device threads have); a caller that keeps
+ * the GIL while one captures learns whether the capture tried to take it
+ * (`blocked`).
  * Must not: leave a thread running after its call returns.
  */
 #include <pthread.h>
@@ -43,8 +44,8 @@ typedef struct c_thread_job {
     int rc;
 } c_thread_job_t;
 
-/* A thread with no Python thread state, like autograd's: it captures (C
- * frames only, if any) and allocates the way the torch shim will. */
+/* A thread with no Python thread state: it captures (C frames only, if
+ * any) and allocates the way the torch shim will. */
 static void *c_thread_main(void *arg) {
     c_thread_job_t *j = arg;
     for (long i = 0; i < j->n && j->rc == GM_OK; i++)
@@ -58,17 +59,23 @@ static void *c_thread_main(void *arg) {
 /* Wait for th; with hold_gil the GIL stays held, and 1 is returned if the
  * thread did not finish within timeout seconds (it is then joined with the
  * GIL released). */
+/* CLOCK_REALTIME `timeout` seconds from now. */
+static struct timespec deadline_in(double timeout) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += (time_t)timeout;
+    deadline.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    return deadline;
+}
+
 static int join_thread(pthread_t th, int hold_gil, double timeout) {
     int blocked = 0;
     if (hold_gil) {
-        struct timespec deadline;
-        clock_gettime(CLOCK_REALTIME, &deadline);
-        deadline.tv_sec += (time_t)timeout;
-        deadline.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
+        struct timespec deadline = deadline_in(timeout);
         blocked = pthread_timedjoin_np(th, NULL, &deadline) != 0;
     }
     if (blocked || !hold_gil) {
@@ -133,30 +140,85 @@ static PyObject *py_c_thread_alloc(PyObject *self, PyObject *args, PyObject *kwa
 
 typedef struct cthread {
     int level;
+    int thread_state; /* 1: the thread first gets a Python thread state, then releases the GIL */
     uint32_t id;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stage; /* 1 has its thread state, 2 may capture, 3 captured; protected by: mu */
 } cthread_t;
+
+static void set_stage(cthread_t *t, int stage) {
+    pthread_mutex_lock(&t->mu);
+    t->stage = stage;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Wait until t reaches stage, or until deadline (NULL: no limit); 1 if it did. */
+static int wait_stage(cthread_t *t, int stage, const struct timespec *deadline) {
+    pthread_mutex_lock(&t->mu);
+    while (t->stage < stage)
+        if (!deadline)
+            pthread_cond_wait(&t->cv, &t->mu);
+        else if (pthread_cond_timedwait(&t->cv, &t->mu, deadline))
+            break;
+    int reached = t->stage >= stage;
+    pthread_mutex_unlock(&t->mu);
+    return reached;
+}
 
 static void *cthread_main(void *p) {
     cthread_t *t = p;
+    PyGILState_STATE gs = PyGILState_UNLOCKED;
+    PyThreadState *saved = NULL;
+    if (t->thread_state) {
+        /* As autograd's device threads start: a thread state of their own,
+         * kept while the GIL is released, and no Python frames. */
+        gs = PyGILState_Ensure();
+        saved = PyEval_SaveThread();
+        set_stage(t, 1);
+        wait_stage(t, 2, NULL);
+    }
     t->id = tx_hist->capture(t->level);
+    set_stage(t, 3);
+    if (t->thread_state) {
+        PyEval_RestoreThread(saved);
+        PyGILState_Release(gs);
+    }
     return NULL;
 }
 
-/* _testext.hist_capture_in_c_thread(level, timeout_s) -> (id, blocked).
- * Runs the capture on a new pthread that has no Python thread state while
- * this thread keeps holding the GIL: a capture that tried to take the GIL
- * would not finish in time (blocked is then True, and the thread is joined
- * with the GIL released). */
+/* _testext.hist_capture_in_c_thread(level, timeout_s=5, thread_state=False)
+ * -> (id, blocked). Runs the capture on a new pthread while this thread
+ * keeps holding the GIL: a capture that tried to take the GIL would not
+ * finish in time (blocked is then True, and the thread is joined with the
+ * GIL released). The thread has no Python thread state, or with
+ * thread_state one that does not hold the GIL (autograd's threads). */
 static PyObject *py_capture_in_c_thread(PyObject *self, PyObject *args) {
-    int level;
+    int level, thread_state = 0;
     double timeout = 5.0;
-    if (!PyArg_ParseTuple(args, "i|d", &level, &timeout))
+    if (!PyArg_ParseTuple(args, "i|dp", &level, &timeout, &thread_state))
         return NULL;
-    cthread_t t = {level, 0};
+    cthread_t t = {level, thread_state, 0, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
     pthread_t th;
     if (pthread_create(&th, NULL, cthread_main, &t))
         return PyErr_Format(PyExc_RuntimeError, "pthread_create failed");
-    int blocked = join_thread(th, 1, timeout);
+    int blocked;
+    if (!thread_state) {
+        blocked = join_thread(th, 1, timeout);
+    } else {
+        Py_BEGIN_ALLOW_THREADS /* the thread takes the GIL to get its state */
+        wait_stage(&t, 1, NULL);
+        Py_END_ALLOW_THREADS
+        struct timespec deadline = deadline_in(timeout);
+        set_stage(&t, 2);
+        blocked = !wait_stage(&t, 3, &deadline); /* the GIL held meanwhile */
+        Py_BEGIN_ALLOW_THREADS /* it takes the GIL again to drop its state */
+        pthread_join(th, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    pthread_mutex_destroy(&t.mu);
+    pthread_cond_destroy(&t.cv);
     return Py_BuildValue("(kO)", (unsigned long)t.id, blocked ? Py_True : Py_False);
 }
 
@@ -299,8 +361,9 @@ static PyMethodDef methods[] = {
     {"hist_walks", py_walks, METH_VARARGS,
      "hist_walks(cap=128) -> (api, direct, direct_used): the caller's frames by both walks"},
     {"hist_capture_in_c_thread", py_capture_in_c_thread, METH_VARARGS,
-     "hist_capture_in_c_thread(level, timeout_s=5) -> (id, blocked): capture on a thread "
-     "with no Python thread state while the caller holds the GIL"},
+     "hist_capture_in_c_thread(level, timeout_s=5, thread_state=False) -> (id, blocked): "
+     "capture on a thread with no Python thread state (or, with thread_state, one without "
+     "the GIL) while the caller holds the GIL"},
     {NULL, NULL, 0, NULL}};
 
 int tx_hist_threads_init(PyObject *module) { return PyModule_AddFunctions(module, methods); }
