@@ -47,7 +47,7 @@ categories (gpumem's process only): categories_overhead_us_per_alloc, the
     two in ABBA order, and the added time per step is the median of the
     pairs' differences.
 sampled (gpumem's sampled mode, sample=True: stacks for every allocation
-    of 1 MiB or more, sampled by bytes below, mean interval 512 KiB):
+    of 1 MiB or more, sampled by bytes below, mean interval 2 MiB):
     overhead_us_per_alloc on the pairs above (half of their sizes are at
     or above the threshold, so half are captured), its ratio to torch's
     record_overhead_us_per_alloc (target <= 0.10) and to gpumem's full

@@ -29,9 +29,10 @@ __all__ = ["ENV_SAMPLE", "SNAPSHOT_KEY", "DEFAULT_MEAN", "DEFAULT_THRESHOLD", "S
 ENV_SAMPLE = "GPUMEM_RECORD_SAMPLE"
 #: The snapshot's top-level key: {"mean_bytes", "threshold_bytes", "seed"}.
 SNAPSHOT_KEY = "gpumem_sampling"
-#: Mean sampling interval below the threshold: an allocation of 64 KiB is
-#: sampled one time in 8.5, one of 512 KiB in 1.6.
-DEFAULT_MEAN = 512 << 10
+#: Mean sampling interval below the threshold: tcmalloc's heap profiler's
+#: default; an allocation of 64 KiB is sampled one time in 32.5, one of
+#: 512 KiB in 4.5 (docs/benchmarks.md, "The mean interval").
+DEFAULT_MEAN = 2 << 20
 #: Always recorded at or above: torch's large-pool boundary (1 MiB).
 DEFAULT_THRESHOLD = 1 << 20
 
