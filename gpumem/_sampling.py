@@ -31,7 +31,8 @@ ENV_SAMPLE = "GPUMEM_RECORD_SAMPLE"
 SNAPSHOT_KEY = "gpumem_sampling"
 #: Mean sampling interval below the threshold: tcmalloc's heap profiler's
 #: default; an allocation of 64 KiB is sampled one time in 32.5, one of
-#: 512 KiB in 4.5 (docs/benchmarks.md, "The mean interval").
+#: 512 KiB in 4.5 (docs/benchmarks.md, "... the mean interval at
+#: tcmalloc's 2 MiB").
 DEFAULT_MEAN = 2 << 20
 #: Always recorded at or above: torch's large-pool boundary (1 MiB).
 DEFAULT_THRESHOLD = 1 << 20

@@ -56,9 +56,6 @@ static void *c_thread_main(void *arg) {
     return NULL;
 }
 
-/* Wait for th; with hold_gil the GIL stays held, and 1 is returned if the
- * thread did not finish within timeout seconds (it is then joined with the
- * GIL released). */
 /* CLOCK_REALTIME `timeout` seconds from now. */
 static struct timespec deadline_in(double timeout) {
     struct timespec deadline;
@@ -72,6 +69,9 @@ static struct timespec deadline_in(double timeout) {
     return deadline;
 }
 
+/* Wait for th; with hold_gil the GIL stays held, and 1 is returned if the
+ * thread did not finish within timeout seconds (it is then joined with the
+ * GIL released). */
 static int join_thread(pthread_t th, int hold_gil, double timeout) {
     int blocked = 0;
     if (hold_gil) {
